@@ -1,0 +1,88 @@
+"""Softmax attention with or without rotary embedding (nope, rope), and stick-breaking (sba).
+
+Plain torch, any device and float dtype, layout [B, T, H, D]. nope and rope go through
+torch's ``scaled_dot_product_attention`` (a fused causal kernel wherever one exists).
+Stick-breaking has no softmax to fuse, so it is written out in log space; it materialises the
+[T, T] weights, which is fine at the sequence lengths of this benchmark.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ROPE_BASE = 10000.0
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; everything narrower is computed in float32."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate x [B, T, H, D] by its positions (default 0..T-1), "rotate half" pairing.
+
+    Channel c and c + D/2 form a pair turned by angle position * ROPE_BASE**(-2c/D), so that
+    (R_i q).(R_j k) depends on i - j only. Angles are computed in float64: in float32 a
+    position of a few thousand would already lose the angle's low bits.
+    """
+    T, D = x.shape[1], x.shape[-1]
+    if D % 2:
+        raise ValueError(f"rotary embedding needs an even head dimension, got {D}")
+    if positions is None:
+        positions = torch.arange(T, device=x.device)
+    inv_freq = ROPE_BASE ** -(torch.arange(D // 2, device=x.device, dtype=torch.float64) / (D // 2))
+    angles = positions.to(torch.float64)[:, None] * inv_freq  # [T, D/2]
+    dtype = compute_dtype(x.dtype)
+    cos = angles.cos().to(dtype)[:, None, :]  # broadcast over heads
+    sin = angles.sin().to(dtype)[:, None, :]
+    x1, x2 = x.to(dtype).chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+
+def softmax_attention(q, k, v, scale=None, rope=False):
+    """Causal softmax attention [B, T, H, D] -> [B, T, H, D]; rope=True rotates q and k first."""
+    if rope:
+        q, k = apply_rope(q), apply_rope(k)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale
+    )
+    return out.transpose(1, 2)
+
+
+def softmax_logits(q, k, scale=None, rope=False):
+    """The logits softmax_attention normalises, [B, H, T, T], masked entries -inf (inspection)."""
+    if rope:
+        q, k = apply_rope(q), apply_rope(k)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    dtype = compute_dtype(q.dtype)
+    logits = scale * (q.transpose(1, 2).to(dtype) @ k.transpose(1, 2).to(dtype).transpose(-1, -2))
+    T = q.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    return logits.masked_fill(~causal, float("-inf"))
+
+
+def sba_log_weights(q, k, scale=None):
+    """log A [B, H, T, T] of stick-breaking attention (masked entries -inf).
+
+    A_ij = sigmoid(z_ij) * prod_{j < m <= i} (1 - sigmoid(z_im)) with z_ij = scale * q_i.k_j:
+    key j gets what is left of the stick after every later key m <= i took its share. In log
+    space the product is a sum of logsigmoid(-z), accumulated from the diagonal backwards.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    dtype = compute_dtype(q.dtype)
+    z = scale * (q.transpose(1, 2).to(dtype) @ k.transpose(1, 2).to(dtype).transpose(-1, -2))
+    T = q.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    log_remain = F.logsigmoid(-z).masked_fill(~causal, 0.0)  # log(1 - sigmoid(z_im)), m <= i
+    # later[i, j] = sum over m > j of log_remain[i, m]: a reverse cumulative sum shifted by one.
+    later = log_remain.flip(-1).cumsum(-1).flip(-1)
+    later = F.pad(later[..., 1:], (0, 1))
+    return (F.logsigmoid(z) + later).masked_fill(~causal, float("-inf"))
+
+
+def sba_attention(q, k, v, scale=None):
+    """Causal stick-breaking attention [B, T, H, D] -> [B, T, H, D] (no position encoding)."""
+    weights = sba_log_weights(q, k, scale).exp()
+    out = weights @ v.transpose(1, 2).to(weights.dtype)
+    return out.transpose(1, 2).to(q.dtype)

@@ -1,0 +1,81 @@
+"""ModelConfig: everything that decides a model's shape, checked strictly."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from pathbench import UserError
+from pathbench.models.attention import ATTENTIONS
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """A decoder-only transformer of `layers` blocks with `heads` heads of d_model / heads dims."""
+
+    vocab_size: int
+    attention: str = "path"  # a name in pathbench.models.ATTENTIONS
+    layers: int = 1
+    heads: int = 2
+    d_model: int = 64
+    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model
+    beta_max: float = 2.0  # upper clip of PaTH's beta (< 2 keeps low-precision runs stable)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
+
+
+def model_config(values: dict) -> ModelConfig:
+    """A ModelConfig from a dict (strings from the command line are converted by field type).
+
+    Unknown keys, a missing vocab_size, unconvertible or out-of-range values raise UserError
+    naming the key and what is allowed.
+    """
+    unknown = sorted(set(values) - set(FIELDS))
+    if unknown:
+        raise UserError(
+            f"unknown model config key {unknown[0]!r}; valid keys: {', '.join(FIELDS)}"
+        )
+    if "vocab_size" not in values:
+        raise UserError("model config needs 'vocab_size'")
+    converted = {key: _convert(key, value) for key, value in values.items()}
+    config = ModelConfig(**converted)
+
+    attentions = ATTENTIONS.names()
+    if config.attention not in attentions:
+        raise UserError(
+            f"unknown attention {config.attention!r}; valid choices: {', '.join(sorted(attentions))}"
+        )
+    for key in ("vocab_size", "layers", "heads", "d_model", "mlp_ratio"):
+        if getattr(config, key) < 1:
+            raise UserError(f"model config {key!r} must be a positive integer, got {getattr(config, key)}")
+    if config.d_model % config.heads:
+        raise UserError(
+            f"model config 'd_model' ({config.d_model}) must be divisible by 'heads' ({config.heads})"
+        )
+    if config.attention == "rope" and (config.d_model // config.heads) % 2:
+        raise UserError(
+            f"rope needs an even head dimension; d_model / heads = {config.d_model // config.heads}"
+        )
+    if not 0.0 < config.beta_max <= 2.0:
+        raise UserError(f"model config 'beta_max' must be in (0, 2], got {config.beta_max}")
+    return config
+
+
+def _convert(key: str, value):
+    kind = FIELDS[key].type  # "int", "float" or "str" (annotations are strings here)
+    target = {"int": int, "float": float, "str": str}[kind]
+    problem = UserError(f"model config {key!r} must be of type {kind}, got {value!r}")
+    if isinstance(value, float) and target is int:
+        if not value.is_integer():
+            raise problem
+        value = int(value)
+    if isinstance(value, bool) or (target is str and not isinstance(value, str)):
+        raise problem
+    try:
+        return target(value)
+    except (TypeError, ValueError):
+        raise problem from None
