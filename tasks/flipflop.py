@@ -1,0 +1,94 @@
+"""Flip-flop language modelling (Liu et al., 2023, "Exposing Attention Glitches with Flip-Flop
+Language Modeling")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pathbench import UserError
+from pathbench.tasks.base import IGNORE_INDEX, TASKS, Task, option
+
+WRITE, READ, IGNORE, ZERO, ONE = range(5)  # token ids, in the order of VOCAB
+VOCAB = ["w", "r", "i", "0", "1"]
+
+# Probability of the ignore instruction in each split: FFL(0.8) for train and test, and the
+# sparse (0.98) and dense (0.1) evaluation sets of the public release of the task.
+P_IGNORE = {"train": 0.8, "test": 0.8, "sparse": 0.98, "dense": 0.1}
+
+
+@dataclass(frozen=True)
+class FlipFlopConfig:
+    length: int = option(512, "tokens per sequence (instruction, bit pairs, so even)", minimum=4)
+
+    def __post_init__(self):
+        if self.length % 2:
+            raise UserError(f"invalid value {self.length} for 'length'; it must be even")
+
+
+@TASKS.register("flipflop")
+class FlipFlop(Task):
+    """Flip-flop language modelling: after each read, output the bit of the most recent write.
+
+    A sequence is ``length / 2`` pairs (instruction, bit). The first instruction is ``w``, the
+    last is ``r``, the others are ``i`` with probability p_ignore (per split, see ``P_IGNORE``)
+    and ``w`` or ``r`` with (1 - p_ignore) / 2 each. The bit after ``w`` or ``i`` is uniform;
+    the bit after ``r`` repeats the most recent ``w``'s bit. Scored: each ``r`` position, whose
+    target is the bit that follows it. Metrics: accuracy and error (percent) on those positions.
+    """
+
+    name = "flipflop"
+    version = "1"
+    description = "flip-flop language modelling (Liu et al. 2023): recall the last written bit"
+    Config = FlipFlopConfig
+    # The model is PaTH's (Yang et al. 2025, Table 1): one layer, two heads, width 64. The
+    # training settings are our choice for a model this small, not taken from the paper.
+    run_defaults = {
+        "model": {"attention": "path", "layers": 1, "heads": 2, "d_model": 64},
+        "train": {
+            "steps": 10_000,
+            "batch_size": 64,
+            "lr": 1e-3,
+            "warmup": 500,
+            "eval_num": 4096,
+            "early_stop": None,  # the rare sparse-split errors are the point; train to the end
+        },
+    }
+
+    def __init__(self, overrides=None):
+        super().__init__(overrides)
+        self.vocab = list(VOCAB)
+        self.splits = tuple(P_IGNORE)
+
+    def sample(self, rng, num, split):
+        pairs = self.options.length // 2
+        p_ignore = P_IGNORE[split]
+        # Narrow dtypes until the final int64 arrays: at 100,000 x 512 memory traffic dominates.
+        draw = rng.random((num, pairs), dtype=np.float32)
+        write_or_read = np.where(draw < (1 + p_ignore) / 2, np.uint8(WRITE), np.uint8(READ))
+        instructions = np.where(draw < p_ignore, np.uint8(IGNORE), write_or_read)
+        instructions[:, 0] = WRITE
+        instructions[:, -1] = READ
+        bits = rng.integers(ZERO, ONE + 1, size=(num, pairs), dtype=np.uint8)
+
+        # Index of the most recent write at or before each pair (the first pair is a write).
+        pair_index = np.arange(pairs, dtype=np.int32)
+        last_write = np.maximum.accumulate(
+            np.where(instructions == WRITE, pair_index, np.int32(0)), axis=1
+        )
+        is_read = instructions == READ
+        bits = np.where(is_read, np.take_along_axis(bits, last_write, axis=1), bits)
+
+        inputs = np.empty((num, 2 * pairs), dtype=np.int64)
+        inputs[:, 0::2] = instructions
+        inputs[:, 1::2] = bits
+        targets = np.empty((num, 2 * pairs), dtype=np.int64)
+        targets[:, 0::2] = np.where(is_read, bits.astype(np.int8), np.int8(IGNORE_INDEX))
+        targets[:, 1::2] = IGNORE_INDEX
+        return inputs, targets
+
+    def metrics(self, predictions, targets, split):
+        metrics = super().metrics(predictions, targets, split)
+        metrics["error"] = 100.0 * (1.0 - metrics["accuracy"])
+        return metrics

@@ -1,0 +1,130 @@
+"""Multi-query repeated associative recall with N-back (MQRAR-N)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pathbench import UserError
+from pathbench.tasks.base import IGNORE_INDEX, TASKS, Task, option
+
+ASSIGNMENT_TOKENS, QUERY_TOKENS = 2, 3  # "Kx Vy" and "? Kx Vz"
+
+
+@dataclass(frozen=True)
+class MqrarConfig:
+    num_keys: int = option(32, "number of distinct keys K0, K1, ...", minimum=1)
+    num_values: int = option(32, "number of distinct values V0, V1, ...", minimum=2)
+    n_back: int = option(2, "a query asks for the n-th most recent value of its key", minimum=1)
+    query_prob: float = option(0.5, "probability that an item is a query (when one is possible)")
+    length: int = option(768, "tokens per sequence, padded with '.'", minimum=1)
+    eval_length: int | None = option(
+        None, "length of the extra evaluation split 'test_long' (longer than length)", minimum=2
+    )
+
+    def __post_init__(self):
+        if not 0 < self.query_prob < 1:
+            raise UserError(
+                f"invalid value {self.query_prob} for 'query_prob'; it must be between 0 and 1"
+            )
+        shortest = ASSIGNMENT_TOKENS * self.n_back + QUERY_TOKENS  # room for one query
+        if self.length < shortest:
+            raise UserError(
+                f"invalid value {self.length} for 'length'; with n_back={self.n_back} it must "
+                f"be >= {shortest}"
+            )
+        if self.eval_length is not None and self.eval_length <= self.length:
+            raise UserError(
+                f"invalid value {self.eval_length} for 'eval_length'; it must be greater than "
+                f"length ({self.length})"
+            )
+
+
+@TASKS.register("mqrar")
+class Mqrar(Task):
+    """Multi-query repeated associative recall, N-back: recall a key's N-th most recent value.
+
+    The PaTH paper describes the task in words only; this token format is pathbench's own.
+    Vocabulary: keys ``K0``..``K{num_keys-1}``, values ``V0``..``V{num_values-1}``, the query
+    marker ``?`` and the pad ``.``, in that id order. A sequence is a stream of items, each an
+    assignment ``Kx Vy`` (key x now holds value y, both uniform) or, with probability
+    ``query_prob`` once some key has at least ``n_back`` assignments, a query ``? Kx Vz`` about
+    a key chosen uniformly among those, where Vz is the value of the ``n_back``-th most recent
+    assignment to Kx (1 = the latest). The stream ends at the first item that does not fit in
+    ``length`` tokens; the remainder is padded with ``.``. Scored: the ``Kx`` position of each
+    query, whose target is Vz.
+
+    Length generalisation: with ``eval_length`` set (greater than ``length``) the task has a
+    third split, ``test_long``, of ``eval_length``-token sequences with the same statistics and
+    hence more items; it draws from its own random stream like every split.
+    """
+
+    name = "mqrar"
+    version = "1"
+    description = "multi-query repeated associative recall: recall a key's n-th most recent value"
+    Config = MqrarConfig
+    # The model and task size are PaTH's setting (Yang et al. 2025): two layers, two heads,
+    # width 256, 32 keys, 768 tokens. The training settings are our choice.
+    run_defaults = {
+        "model": {"attention": "path", "layers": 2, "heads": 2, "d_model": 256},
+        "train": {
+            "steps": 20_000,
+            "batch_size": 64,
+            "lr": 1e-3,
+            "warmup": 1000,
+            "eval_num": 1024,
+            "early_stop": None,
+        },
+    }
+
+    def __init__(self, overrides=None):
+        super().__init__(overrides)
+        keys, values = self.options.num_keys, self.options.num_values
+        self.vocab = [f"K{k}" for k in range(keys)] + [f"V{v}" for v in range(values)] + ["?", "."]
+        has_long = self.options.eval_length is not None
+        self.splits = ("train", "test", "test_long") if has_long else ("train", "test")
+
+    def sample(self, rng, num, split):
+        o = self.options
+        length = o.eval_length if split == "test_long" else o.length
+        first_value = o.num_keys  # token id of V0
+        query, pad = first_value + o.num_values, first_value + o.num_values + 1
+        inputs = np.full((num, length), pad, dtype=np.int64)
+        targets = np.full((num, length), IGNORE_INDEX, dtype=np.int64)
+        # recent[n, k, j]: value of the (j+1)-th most recent assignment to key k in sequence n.
+        recent = np.zeros((num, o.num_keys, o.n_back), dtype=np.int64)
+        assignments = np.zeros((num, o.num_keys), dtype=np.int64)
+        queryable_keys = np.zeros(num, dtype=np.int64)  # keys with >= n_back assignments
+        position = np.zeros(num, dtype=np.int64)
+        active = np.arange(num)  # sequences whose stream has not ended yet
+
+        while active.size:
+            is_query = (rng.random(active.size) < o.query_prob) & (queryable_keys[active] > 0)
+            fits = position[active] + np.where(is_query, QUERY_TOKENS, ASSIGNMENT_TOKENS) <= length
+            active, is_query = active[fits], is_query[fits]
+
+            rows = active[~is_query]
+            keys = rng.integers(0, o.num_keys, rows.size)
+            values = rng.integers(0, o.num_values, rows.size)
+            at = position[rows]
+            inputs[rows, at] = keys
+            inputs[rows, at + 1] = first_value + values
+            recent[rows, keys] = np.concatenate([values[:, None], recent[rows, keys, :-1]], axis=1)
+            assignments[rows, keys] += 1
+            queryable_keys[rows] += assignments[rows, keys] == o.n_back
+            position[rows] += ASSIGNMENT_TOKENS
+
+            rows = active[is_query]
+            # The key is the c-th queryable one, for c uniform in [0, number of queryable keys).
+            queryable = assignments[rows] >= o.n_back
+            chosen = (rng.random(rows.size) * queryable_keys[rows]).astype(np.int64)
+            keys = np.argmax(np.cumsum(queryable, axis=1) > chosen[:, None], axis=1)
+            answers = first_value + recent[rows, keys, o.n_back - 1]
+            at = position[rows]
+            inputs[rows, at] = query
+            inputs[rows, at + 1] = keys
+            inputs[rows, at + 2] = answers
+            targets[rows, at + 1] = answers
+            position[rows] += QUERY_TOKENS
+        return inputs, targets
