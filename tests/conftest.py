@@ -1,0 +1,71 @@
+"""Shared fixtures: running the command line in a subprocess, and the example task plugin.
+
+The plugin package in tests/plugin is installed with pip into a temporary folder (``--target``)
+that the command's subprocess gets on its PYTHONPATH, where Python's entry-point discovery finds
+it exactly as in site-packages. The environment running the tests is left unchanged, so test
+sessions never see each other's plugins.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+PLUGIN_SOURCE = Path(__file__).parent / "plugin"
+
+
+def run_pathbench(args, cwd, extra_path: Path | None = None) -> subprocess.CompletedProcess:
+    """``pathbench ARGS`` in a fresh interpreter, with ``extra_path`` first on its sys.path."""
+    env = dict(os.environ)
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "pathbench.runners.cli", *map(str, args)],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.fixture
+def pathbench_cli(tmp_path):
+    """Run the command line in a subprocess (cwd = the test's tmp_path); no plugins added."""
+    return lambda *args: run_pathbench(args, cwd=tmp_path)
+
+
+def _can_build_without_network() -> bool:
+    """Whether this environment can build the plugin's wheel itself (no build isolation).
+
+    setuptools builds wheels on its own from version 70.1; older ones (a fresh Python 3.11
+    virtual environment has 65) need the separate `wheel` package.
+    """
+    if importlib.util.find_spec("setuptools") is None:
+        return False
+    major, minor = (int(part) for part in version("setuptools").split(".")[:2])
+    return (major, minor) >= (70, 1) or importlib.util.find_spec("wheel") is not None
+
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory) -> Path:
+    """A folder holding the installed example plugin (distribution pathbench-plugin-parity)."""
+    workdir = tmp_path_factory.mktemp("plugin")
+    source, site = workdir / "source", workdir / "site"
+    shutil.copytree(PLUGIN_SOURCE, source)  # pip builds in place; keep the repository clean
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site]
+    if _can_build_without_network():
+        command.append("--no-build-isolation")
+    result = subprocess.run([*command, source], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.fail(f"pip could not install the example plugin:\n{result.stderr}")
+    return site
+
+
+@pytest.fixture
+def plugin_cli(tmp_path, plugin_site):
+    """Run the command line in a subprocess that sees the installed example plugin."""
+    return lambda *args: run_pathbench(args, cwd=tmp_path, extra_path=plugin_site)

@@ -1,0 +1,39 @@
+"""A pathbench task defined outside pathbench: running parity, the word problem of Z2."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pathbench.tasks import Task, option
+
+
+@dataclass(frozen=True)
+class ParityConfig:
+    length: int = option(32, "bits per sequence", minimum=1)
+
+
+class Parity(Task):
+    """Running parity: after each bit, say whether the number of ones so far is even or odd.
+
+    Vocabulary ``0``, ``1`` (inputs) and ``even``, ``odd`` (targets); every position is scored.
+    """
+
+    name = "parity"
+    version = "1"
+    description = "running parity of a bit string (the word problem of Z2)"
+    Config = ParityConfig
+    run_defaults = {
+        "model": {"attention": "path", "layers": 1, "heads": 1, "d_model": 32},
+        "train": {"steps": 2000, "batch_size": 64, "lr": 1e-3, "warmup": 100,
+                  "eval_num": 1024, "early_stop": 0.99},
+    }
+
+    def __init__(self, overrides=None):
+        super().__init__(overrides)
+        self.vocab = ["0", "1", "even", "odd"]
+        self.splits = ("train", "test")
+
+    def sample(self, rng, num, split):
+        bits = rng.integers(0, 2, size=(num, self.options.length))
+        parity = np.cumsum(bits, axis=1) % 2
+        return bits, parity + self.vocab.index("even")

@@ -1,0 +1,153 @@
+"""What every task promises: its attributes, dataset format, determinism, and strict config."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from pathbench import UserError
+from pathbench.tasks import TASKS, Task, make_task, option
+from pathbench.tasks.base import resolve_config
+
+BUILT_INS = ["flipflop", "a5", "s5", "a4xz5", "z60", "mqrar"]
+WORD_PROBLEMS = ["a5", "s5", "a4xz5", "z60"]
+SMALL = {"flipflop": {"length": 32}, "mqrar": {"length": 64, "num_keys": 4}}
+TRAIN_KEYS = {"steps", "batch_size", "lr", "warmup", "eval_num", "early_stop"}
+
+
+def small_task(name):
+    return make_task(name, SMALL.get(name, {"length": 8}))
+
+
+def test_built_ins_are_registered_as_built_in():
+    for name in BUILT_INS:
+        assert TASKS.origin(name) == "built-in"
+
+
+@pytest.mark.parametrize("name", BUILT_INS)
+def test_task_attributes(name):
+    task = make_task(name)
+    assert isinstance(task, Task) and task.name == name
+    assert task.version and isinstance(task.version, str)
+    assert task.description and "\n" not in task.description
+    assert task.splits[0] == "train" and "test" in task.splits
+    assert task.primary_metric == "accuracy"
+    assert task.solved_threshold == (0.9 if name in WORD_PROBLEMS else None)
+    assert set(task.run_defaults) == {"model", "train"}
+    assert set(task.run_defaults["train"]) == TRAIN_KEYS
+    assert {"attention", "layers", "heads", "d_model"} <= set(task.run_defaults["model"])
+    assert len(set(task.vocab)) == len(task.vocab)
+
+
+def test_run_defaults_match_the_paper_where_it_has_a_setting():
+    assert make_task("flipflop").run_defaults["model"] == {
+        "attention": "path", "layers": 1, "heads": 2, "d_model": 64}
+    assert make_task("mqrar").run_defaults["model"] == {
+        "attention": "path", "layers": 2, "heads": 2, "d_model": 256}
+    task = make_task("flipflop")
+    task.run_defaults["model"]["layers"] = 5  # an instance's copy, not the class's
+    assert make_task("flipflop").run_defaults["model"]["layers"] == 1
+
+
+@pytest.mark.parametrize("name", BUILT_INS)
+def test_datasets_are_int64_in_the_vocabulary(name):
+    task = small_task(name)
+    for split in task.splits:
+        dataset = task.generate(16, seed=0, split=split)
+        assert dataset.inputs.dtype == dataset.targets.dtype == np.int64
+        assert dataset.inputs.shape == dataset.targets.shape and len(dataset) == 16
+        assert dataset.vocab == task.vocab
+        assert 0 <= dataset.inputs.min() and dataset.inputs.max() < len(task.vocab)
+        scored = dataset.targets[dataset.targets != -100]
+        assert scored.size and 0 <= scored.min() and scored.max() < len(task.vocab)
+
+
+@pytest.mark.parametrize("name", BUILT_INS)
+def test_generation_is_deterministic_per_split_and_seed(name):
+    task = small_task(name)
+    first = task.generate(32, seed=7, split="train")
+    again = small_task(name).generate(32, seed=7, split="train")
+    assert np.array_equal(first.inputs, again.inputs)
+    assert np.array_equal(first.targets, again.targets)
+    other_seed = task.generate(32, seed=8, split="train")
+    other_split = task.generate(32, seed=7, split="test")
+    assert not np.array_equal(first.inputs, other_seed.inputs)
+    assert not np.array_equal(first.inputs, other_split.inputs)
+
+
+@pytest.mark.parametrize(
+    "name, overrides, inputs",
+    [
+        ("flipflop", {"length": 8}, [0, 4, 2, 4, 2, 3, 1, 4]),
+        ("a5", {"length": 6}, [25, 13, 27, 9, 12, 9]),
+        ("mqrar", {"length": 16, "num_keys": 2, "num_values": 3},
+         [0, 2, 0, 3, 0, 3, 5, 0, 3, 5, 0, 3, 5, 0, 3, 6]),
+    ],
+)
+def test_known_arrays_do_not_change_silently(name, overrides, inputs):
+    # A failure means the data for a fixed seed changed (a code change or a numpy release
+    # that changed its random streams): bump the task's version, then update these numbers.
+    assert make_task(name, overrides).generate(1, seed=0, split="train").inputs[0].tolist() == inputs
+
+
+@pytest.mark.parametrize("name", BUILT_INS)
+def test_unknown_config_key_names_the_valid_keys(name):
+    with pytest.raises(UserError) as error:
+        make_task(name, {"lenght": 10})
+    assert "'lenght'" in str(error.value) and "length" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "name, overrides, words",
+    [
+        ("flipflop", {"length": "abc"}, ["'length'", "int"]),
+        ("flipflop", {"length": 2}, ["'length'", ">= 4"]),
+        ("flipflop", {"length": 33}, ["'length'", "even"]),
+        ("flipflop", {"length": 1.5}, ["'length'", "int"]),
+        ("a5", {"eval_length": 10}, ["'eval_length'", "greater than length"]),
+        ("a5", {"length": 0}, ["'length'", ">= 1"]),
+        ("mqrar", {"n_back": 0}, ["'n_back'", ">= 1"]),
+        ("mqrar", {"query_prob": "1"}, ["'query_prob'", "between 0 and 1"]),
+        ("mqrar", {"query_prob": "nan"}, ["'query_prob'", "float"]),
+        ("mqrar", {"n_back": 4, "length": 10}, ["'length'", ">= 11"]),
+    ],
+)
+def test_bad_values_are_named(name, overrides, words):
+    with pytest.raises(UserError) as error:
+        make_task(name, overrides)
+    assert all(word in str(error.value) for word in words), str(error.value)
+
+
+def test_strings_from_the_command_line_are_converted():
+    task = make_task("mqrar", {"length": "100", "query_prob": "0.25", "eval_length": "200"})
+    assert task.config["length"] == 100 and task.config["query_prob"] == 0.25
+    assert task.config["eval_length"] == 200
+    assert make_task("a5", {"eval_length": "none"}).config["eval_length"] is None
+
+
+def test_unknown_task_and_unknown_split_name_the_choices():
+    with pytest.raises(UserError, match="valid choices: .*flipflop"):
+        make_task("flip-flop")
+    with pytest.raises(UserError, match="valid splits: train, test, sparse, dense"):
+        make_task("flipflop").generate(1, seed=0, split="validation")
+    with pytest.raises(UserError, match="seed"):
+        make_task("flipflop").generate(1, seed=-1, split="train")
+
+
+@dataclass(frozen=True)
+class ExampleConfig:
+    mode: str = option("fast", "how to run", choices=("fast", "exact"))
+    verbose: bool = option(False, "print more")
+    limit: int | None = option(None, "an optional bound", minimum=0, maximum=10)
+
+
+def test_choices_booleans_and_optional_values():
+    config = resolve_config(ExampleConfig, {"mode": "exact", "verbose": "yes", "limit": "3"}, "x")
+    assert (config.mode, config.verbose, config.limit) == ("exact", True, 3)
+    with pytest.raises(UserError, match="'mode'; valid values: fast, exact"):
+        resolve_config(ExampleConfig, {"mode": "slow"}, "x")
+    with pytest.raises(UserError, match="'verbose'; expected bool"):
+        resolve_config(ExampleConfig, {"verbose": "maybe"}, "x")
+    with pytest.raises(UserError, match="'limit'; it must be <= 10"):
+        resolve_config(ExampleConfig, {"limit": 11}, "x")
+    assert resolve_config(ExampleConfig, {"limit": "None"}, "x").limit is None

@@ -1,0 +1,47 @@
+"""The example plugin (tests/plugin), installed with pip and used through the command line."""
+
+import numpy as np
+
+PLUGIN = "pathbench-plugin-parity"
+
+
+def test_ls_shows_plugin_tasks_with_their_package(plugin_cli):
+    result = plugin_cli("ls")
+    assert result.returncode == 0, result.stderr
+    assert f"  parity  ({PLUGIN}, version 1)" in result.stdout
+    assert "running parity of a bit string" in result.stdout
+    # The broken plugin is listed with its error; it does not stop the listing.
+    broken = result.stdout.split("  broken  ")[1].splitlines()
+    assert PLUGIN in broken[0] and "pathbench_plugin_missing_dependency" in broken[1]
+    # The colliding name is the built-in, listed once.
+    assert result.stdout.count("  flipflop  ") == 1
+    assert "  flipflop  (built-in, version 1)" in result.stdout
+
+
+def test_plugin_task_generates_correct_data(plugin_cli, tmp_path):
+    result = plugin_cli("data", "parity", "--num", "50", "--set", "length=24", "--out", "p.npz")
+    assert result.returncode == 0, result.stderr
+    with np.load(tmp_path / "p.npz") as saved:
+        vocab = saved["vocab"].tolist()
+        inputs, targets = saved["inputs"], saved["targets"]
+    assert inputs.shape == (50, 24)
+    for bits, answers in zip(inputs, targets):
+        ones = 0
+        for bit, answer in zip(bits, answers):
+            ones += vocab[bit] == "1"
+            assert vocab[answer] == ("odd" if ones % 2 else "even")
+
+
+def test_broken_plugin_fails_only_when_used_and_is_named(plugin_cli):
+    result = plugin_cli("data", "broken", "--show", "1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert f"plugin package '{PLUGIN}'" in result.stderr
+    assert "pathbench_plugin_missing_dependency" in result.stderr
+    assert plugin_cli("data", "a5", "--show", "1").returncode == 0
+
+
+def test_built_in_wins_a_name_collision(plugin_cli):
+    result = plugin_cli("data", "flipflop", "--set", "length=8", "--show", "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[2].split()[0] == "w"  # flip-flop tokens, not bits

@@ -1,0 +1,102 @@
+"""Word problems: targets re-derived from the token strings by composing permutations here.
+
+The groups are rebuilt with sympy in this file and products are composed by hand, so nothing
+of the generator (its element list or its multiplication table) is trusted.
+"""
+
+import json
+
+import numpy as np
+import pytest
+from sympy.combinatorics import Permutation
+from sympy.combinatorics.group_constructs import DirectProduct
+from sympy.combinatorics.named_groups import AlternatingGroup, CyclicGroup, SymmetricGroup
+
+from pathbench.tasks import make_task
+
+GROUPS = {
+    "a5": lambda: AlternatingGroup(5),
+    "s5": lambda: SymmetricGroup(5),
+    "a4xz5": lambda: DirectProduct(AlternatingGroup(4), CyclicGroup(5)),
+    "z60": lambda: DirectProduct(CyclicGroup(4), CyclicGroup(3), CyclicGroup(5)),
+}
+ORDERS = {"a5": 60, "s5": 120, "a4xz5": 60, "z60": 60}
+
+
+def then(p, q):
+    """The permutation "apply p, then q", written out: i -> q(p(i))."""
+    return [q[p[i]] for i in range(len(p))]
+
+
+def parse(token):
+    return json.loads(token)  # "[1,2,0,3,4]" -> [1, 2, 0, 3, 4]
+
+
+def test_products_compose_left_to_right_like_sympy():
+    p, q = [1, 2, 0], [1, 0, 2]
+    assert then(p, q) == [0, 2, 1]
+    assert (Permutation(p) * Permutation(q)).array_form == then(p, q)
+
+
+@pytest.mark.parametrize("name", GROUPS)
+def test_vocabulary_is_the_group_sorted_by_array_form(name):
+    task = make_task(name)
+    elements = [parse(token) for token in task.vocab]
+    expected = sorted(p.array_form for p in GROUPS[name]().generate())
+    assert elements == expected
+    assert len(elements) == ORDERS[name]
+    assert all(token == "[" + ",".join(map(str, e)) + "]" for token, e in zip(task.vocab, elements))
+
+
+@pytest.mark.parametrize("name", GROUPS)
+def test_targets_are_running_products(name):
+    task = make_task(name, {"length": 12, "eval_length": 30})
+    for split, length in [("train", 12), ("test", 12), ("test_long", 30)]:
+        dataset = task.generate(200, seed=5, split=split)
+        assert dataset.inputs.shape == dataset.targets.shape == (200, length)
+        for row in range(200):
+            product = None
+            for token, target in zip(dataset.inputs[row], dataset.targets[row]):
+                element = parse(dataset.vocab[token])
+                product = element if product is None else then(product, element)
+                assert parse(dataset.vocab[target]) == product
+
+
+def test_z60_is_cyclic_and_a4xz5_is_not_abelian():
+    # Cheap structural checks of the controls, through the token strings alone.
+    z60 = [parse(t) for t in make_task("z60").vocab]
+    identity = list(range(12))
+
+    def order(p):
+        power, n = p, 1
+        while power != identity:
+            power, n = then(power, p), n + 1
+        return n
+
+    assert max(order(p) for p in z60) == 60
+    a4xz5 = [parse(t) for t in make_task("a4xz5").vocab]
+    assert any(then(p, q) != then(q, p) for p in a4xz5 for q in a4xz5)
+
+
+@pytest.mark.parametrize("name", GROUPS)
+def test_elements_are_uniform(name):
+    dataset = make_task(name).generate(10_000, seed=2, split="train")
+    observed = np.bincount(dataset.inputs.ravel(), minlength=ORDERS[name])
+    expected = dataset.inputs.size / ORDERS[name]
+    chi_square = ((observed - expected) ** 2 / expected).sum()
+    dof = ORDERS[name] - 1
+    # Mean dof, standard deviation sqrt(2 dof): ten deviations above is beyond any chance.
+    assert chi_square < dof + 10 * np.sqrt(2 * dof)
+
+
+def test_metrics_score_every_position_and_the_last_one():
+    task = make_task("a5", {"length": 4})
+    dataset = task.generate(8, seed=0, split="test")
+    predictions = dataset.targets.copy()
+    predictions[:2, -1] = (predictions[:2, -1] + 1) % 60  # two wrong final products
+    predictions[0, 0] = (predictions[0, 0] + 1) % 60
+    metrics = task.metrics(predictions, dataset.targets, "test")
+    assert metrics["accuracy"] == pytest.approx(1 - 3 / 32)
+    assert metrics["last_accuracy"] == pytest.approx(6 / 8)
+    assert metrics["accuracy_by_position"] == pytest.approx([7 / 8, 1, 1, 6 / 8])
+    assert task.solved_threshold == 0.9
