@@ -46,7 +46,14 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-if triton is not None:
+_KERNELS = None
+
+
+def _kernels():
+    """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
+    global _KERNELS
+    if _KERNELS is not None:
+        return _KERNELS
 
     @triton.jit
     def _path_fwd_kernel(
@@ -194,6 +201,9 @@ if triton is not None:
             if HAS_GATE:
                 tl.store(DGROW + bh * Tp + offs_i, dg_row)
 
+    _KERNELS = (_path_fwd_kernel, _path_bwd_kernel)
+    return _KERNELS
+
 
 def _block_size(D: int, device: torch.device) -> int:
     if device.type != "cuda":
@@ -291,6 +301,7 @@ class _PathAttention(torch.autograd.Function):
             dummy = _dummy(dev)
             O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
             LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
+            _path_fwd_kernel = _kernels()[0]
             _path_fwd_kernel[(N, B * H)](
                 Qt.contiguous(), Kt.contiguous(), V,
                 dummy if Wf is None else Wf.contiguous(),
@@ -336,6 +347,7 @@ class _PathAttention(torch.autograd.Function):
             RS = torch.empty(B, H, NG, Tp, D, **f32) if has_hh else dummy
             dGrow = torch.empty(B, H, Tp, **f32) if has_gate else dummy
             dGcolp = torch.zeros(B, H, NG, Tp, **f32) if has_gate else dummy
+            _path_bwd_kernel = _kernels()[1]
             _path_bwd_kernel[(NG, B * H)](
                 Qt.detach().contiguous(), Kt.detach().contiguous(), V,
                 Wf.detach().contiguous() if has_hh else dummy,

@@ -1,0 +1,189 @@
+"""The Triton PaTH kernel against the float64 reference (and, on CUDA, the torch blockwise path).
+
+Without CUDA the kernels run under the Triton interpreter (TRITON_INTERPRET=1, set here before
+the kernel module defines its kernels) at small shapes; with CUDA the same tests run at larger
+shapes on the GPU, plus long-sequence checks against the torch implementation.
+"""
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+triton = pytest.importorskip("triton")
+
+from pathbench.kernels.reference import path_attention_reference  # noqa: E402
+from pathbench.kernels.triton_path import path_attention_triton  # noqa: E402
+
+DEV = "cuda" if CUDA else "cpu"
+F = torch.nn.functional
+
+
+def make_inputs(B, T, H, D, hh=True, gate=True, dtype=torch.float32, beta_near_two=False, seed=None):
+    gen = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, ()).item()))
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    q, k, v = (rnd(B, T, H, D).to(dtype) for _ in range(3))
+    w = beta = lf = None
+    if hh:
+        w = F.normalize(rnd(B, T, H, D), dim=-1)
+        if beta_near_two:
+            beta = 2.0 - 1e-3 * torch.rand(B, T, H, generator=gen)
+        else:
+            beta = 2.0 * torch.rand(B, T, H, generator=gen)
+    if gate:
+        lf = F.logsigmoid(rnd(B, T, H) + 2.0)
+    return [x.to(DEV) if x is not None else None for x in (q, k, v, w, beta, lf)]
+
+
+def rel(x, y):
+    x, y = x.double(), y.double()
+    return ((x - y).norm() / y.norm().clamp_min(1e-2)).item()
+
+
+def grads(fn, args, dout):
+    leaves = [a.detach().clone().requires_grad_(True) if a is not None else None for a in args]
+    out = fn(*leaves)
+    gs = torch.autograd.grad(out, [a for a in leaves if a is not None], dout.to(out.dtype))
+    return out.detach(), list(gs)
+
+
+def check_against_reference(args, fwd_tol=1e-4, grad_tol=1e-3, with_grad=True):
+    ref_args = [a.double() if a is not None else None for a in args]
+    if not with_grad:
+        with torch.no_grad():
+            out = path_attention_triton(*args)
+            ref = path_attention_reference(*ref_args)
+        assert out.dtype == args[0].dtype
+        assert rel(out, ref) <= fwd_tol, rel(out, ref)
+        return
+    dout = torch.randn(args[0].shape, device=DEV, dtype=torch.float64)
+    out, g = grads(path_attention_triton, args, dout)
+    ref, rg = grads(path_attention_reference, ref_args, dout)
+    assert torch.isfinite(out).all()
+    assert rel(out, ref) <= fwd_tol, ("forward", rel(out, ref))
+    names = [n for n, a in zip("q k v w beta log_fgate".split(), args) if a is not None]
+    for name, a, b in zip(names, g, rg):
+        assert a.shape == b.shape and torch.isfinite(a).all(), name
+        assert rel(a, b) <= grad_tol, (name, rel(a, b))
+
+
+# (B, T, H, D, householder, gate): every D, T = 1, T not a block multiple, B and H > 1.
+CPU_CASES = [
+    (2, 37, 2, 16, True, True),
+    (1, 1, 1, 32, True, True),
+    (1, 5, 2, 32, True, False),
+    (2, 67, 1, 64, True, True),
+    (1, 21, 2, 128, True, True),
+    (2, 37, 2, 16, False, True),  # fox
+    (1, 37, 1, 32, False, False),  # plain causal softmax
+    (1, 130, 2, 32, True, True),
+    (1, 64, 1, 128, False, True),
+]
+GPU_CASES = [
+    (2, 1, 3, 64, True, True),
+    (2, 37, 2, 16, True, True),
+    (2, 300, 3, 32, True, False),
+    (2, 1027, 2, 64, True, True),
+    (1, 700, 2, 128, True, True),
+    (2, 513, 2, 64, False, True),
+    (1, 257, 2, 128, False, False),
+]
+
+
+@pytest.mark.parametrize("case", GPU_CASES if CUDA else CPU_CASES, ids=str)
+def test_matches_reference_float32(case):
+    B, T, H, D, hh, gate = case
+    check_against_reference(make_inputs(B, T, H, D, hh, gate))
+
+
+def test_beta_near_two():
+    B, T, H, D = (2, 300, 2, 64) if CUDA else (1, 37, 2, 32)
+    check_against_reference(make_inputs(B, T, H, D, True, True, beta_near_two=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_low_precision_forward(dtype):
+    B, T, H, D = (2, 1000, 2, 64) if CUDA else (1, 37, 2, 32)
+    args = make_inputs(B, T, H, D, True, True, dtype=dtype)
+    check_against_reference(args, fwd_tol=2e-2, with_grad=False)
+    # and the backward runs, giving finite gradients in the input dtypes
+    dout = torch.randn(args[0].shape, device=DEV)
+    _, g = grads(path_attention_triton, args, dout)
+    for a, x in zip(g, [a for a in args if a is not None]):
+        assert a.dtype == x.dtype and torch.isfinite(a.float()).all()
+
+
+def test_parameter_dtypes_are_upcast():
+    B, T, H, D = (1, 37, 2, 32)
+    q, k, v, w, beta, lf = make_inputs(B, T, H, D)
+    base = path_attention_triton(q, k, v, w, beta, lf)
+    other = path_attention_triton(q, k, v, w.double(), beta.half(), lf.bfloat16())
+    ref = path_attention_reference(q.double(), k.double(), v.double(), w.double(), beta.half().double(),
+                                   lf.bfloat16().double())
+    assert rel(other, ref) <= 1e-4
+    assert rel(base, ref) <= 1e-2  # beta/log_fgate rounded differently
+
+
+def test_backward_is_deterministic():
+    B, T, H, D = (2, 1100, 2, 64) if CUDA else (2, 37, 2, 16)
+    args = make_inputs(B, T, H, D, True, True)
+    dout = torch.randn(args[0].shape, device=DEV)
+    out1, g1 = grads(path_attention_triton, args, dout)
+    out2, g2 = grads(path_attention_triton, args, dout)
+    assert torch.equal(out1, out2)
+    for a, b in zip(g1, g2):
+        assert torch.equal(a, b)
+
+
+def test_unsupported_inputs_raise(monkeypatch):
+    q, k, v, w, beta, lf = make_inputs(1, 8, 1, 16)
+    bad = torch.randn(1, 8, 1, 48, device=DEV)
+    with pytest.raises(ValueError, match="supported"):
+        path_attention_triton(bad, bad, bad)
+    with pytest.raises(ValueError, match="shape"):
+        path_attention_triton(q, k[:, :4], v)
+    with pytest.raises(ValueError, match="beta"):
+        path_attention_triton(q, k, v, w, beta[..., :1].expand(1, 8, 1)[:, :4], lf)
+    with pytest.raises(ValueError, match="together"):
+        path_attention_triton(q, k, v, w, None)
+    with pytest.raises(ValueError, match="dtype"):
+        path_attention_triton(q.long(), k.long(), v.long())
+    cpu = [x.cpu() for x in (q, k, v)]
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        path_attention_triton(*cpu)
+
+
+def test_dispatch_through_path_attention():
+    from pathbench.kernels import path_attention
+
+    args = make_inputs(1, 37, 2, 32)
+    out = path_attention(*args, backend="triton")
+    assert rel(out, path_attention_triton(*args)) == 0.0
+
+
+@pytest.mark.skipif(not CUDA, reason="long sequences run on the GPU only")
+@pytest.mark.parametrize("D,gate", [(64, True), (128, False)], ids=str)
+def test_long_sequence_matches_torch_blockwise(D, gate):
+    from pathbench.kernels import path_attention
+
+    args = make_inputs(1, 4096, 2, D, True, gate)
+    dout = torch.randn(args[0].shape, device=DEV)
+    out, g = grads(lambda *a: path_attention(*a, backend="triton"), args, dout)
+    ref, rg = grads(lambda *a: path_attention(*a, backend="torch"), args, dout)
+    assert rel(out, ref) <= 1e-4, rel(out, ref)
+    for a, b in zip(g, rg):
+        assert rel(a, b) <= 1e-3, rel(a, b)
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU only")
+def test_long_sequence_bf16_against_float64():
+    args = make_inputs(1, 4096, 2, 64, True, True, dtype=torch.bfloat16)
+    check_against_reference(args, fwd_tol=2e-2, with_grad=False)
