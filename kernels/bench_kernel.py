@@ -1,0 +1,195 @@
+"""`pathbench bench kernel`: our Triton PaTH kernel, fla-core's parallel_path_attn and torch SDPA.
+
+Side by side in one run on one GPU, same bfloat16 q/k/v (w, beta in float32), no gate: forward
+and forward+backward medians (triton.testing.do_bench) and the peak memory each call allocates
+beyond its inputs (torch.cuda.max_memory_allocated). Writes a table to stdout, and
+kernel_bench.csv and kernel_bench.png under --path.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import click
+
+from pathbench import UserError
+
+TOKENS = 16384
+LONG_SHAPES = [(D, T, 32 if D == 64 else 16, TOKENS // T) for D in (64, 128)
+               for T in (1024, 2048, 4096, 8192, 16384)]
+TRAIN_SHAPES = [(32, 512, 2, 64), (128, 768, 2, 32)]  # (D, T, H, B) the suite trains on
+IMPLS = ("ours", "fla", "sdpa")
+
+
+def _inputs(B, T, H, D, device, seed=0):
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = (torch.randn(B, T, H, D, device=device, generator=gen, dtype=torch.bfloat16) for _ in range(3))
+    w = torch.nn.functional.normalize(torch.randn(B, T, H, D, device=device, generator=gen), dim=-1)
+    beta = 2.0 * torch.rand(B, T, H, device=device, generator=gen)
+    return q, k, v, w, beta
+
+
+def _fns(impl, args, scale):
+    """(forward, forward+backward, grad tensors) for one implementation."""
+    import torch
+
+    q, k, v, w, beta = args
+    if impl == "ours":
+        from pathbench.kernels.triton_path import path_attention_triton
+
+        def run():
+            return path_attention_triton(q, k, v, w, beta, None, scale)
+        leaves = [q, k, v, w, beta]
+    elif impl == "fla":
+        from fla.ops.path_attn.parallel import parallel_path_attn
+
+        def run():
+            return parallel_path_attn(q, k, v, w, beta, g=None, scale=scale)[0]
+        leaves = [q, k, v, w, beta]
+    else:
+        qh, kh, vh = (x.detach().transpose(1, 2).requires_grad_(True) for x in (q, k, v))
+
+        def run():
+            return torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+        leaves = [qh, kh, vh]
+    do = torch.randn_like(run().float()).to(q.dtype)
+
+    def fwd():
+        with torch.no_grad():
+            return run()
+
+    def fwd_bwd():
+        out = run()
+        out.backward(do)
+
+    return fwd, fwd_bwd, leaves
+
+
+def _peak_mb(fn):
+    import torch
+
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def run_bench(shapes, impls, warmup=25, rep=100, echo=print):
+    import torch
+    from triton.testing import do_bench
+
+    rows = []
+    for D, T, H, B in shapes:
+        args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
+        scale = D ** -0.5
+        outs = {}
+        for impl in impls:
+            try:
+                fwd, fwd_bwd, leaves = _fns(impl, args, scale)
+                outs[impl] = fwd().float()
+                fwd_bwd()  # compile / autotune outside the timings
+                for mode, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
+                    grad_to_none = leaves if mode == "fwd+bwd" else None
+                    ms = do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+                    for x in leaves:
+                        x.grad = None
+                    peak = _peak_mb(fn)
+                    rows.append(dict(impl=impl, mode=mode, D=D, T=T, H=H, B=B, ms=ms, peak_mb=peak))
+            except Exception as exc:  # one failing peer must not lose the others' numbers
+                echo(f"{impl} D={D} T={T}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            torch.cuda.empty_cache()
+        if "ours" in outs and "fla" in outs:
+            ref = outs["fla"]
+            diff = ((outs["ours"] - ref).norm() / ref.norm()).item()
+            echo(f"D={D} T={T} H={H} B={B}: ours vs fla-core forward rel. difference {diff:.2e}")
+        del args, outs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _table(rows):
+    by = {(r["impl"], r["mode"], r["D"], r["T"], r["B"]): r for r in rows}
+    keys = sorted({(r["D"], r["T"], r["H"], r["B"]) for r in rows}, key=lambda k: (k[3] == TOKENS // k[1], k))
+    lines = []
+    head = (f"{'D':>4} {'T':>6} {'H':>3} {'B':>3} {'mode':>8} | {'ours ms':>8} {'fla ms':>8} {'sdpa ms':>8}"
+            f" | {'ours/fla':>8} {'ours/sdpa':>9} | {'ours MB':>8} {'fla MB':>8} {'sdpa MB':>8}")
+    lines.append(head)
+    lines.append("-" * len(head))
+    for D, T, H, B in keys:
+        for mode in ("fwd", "fwd+bwd"):
+            get = {i: by.get((i, mode, D, T, B)) for i in IMPLS}
+            ms = {i: (get[i]["ms"] if get[i] else math.nan) for i in IMPLS}
+            mb = {i: (get[i]["peak_mb"] if get[i] else math.nan) for i in IMPLS}
+            lines.append(
+                f"{D:>4} {T:>6} {H:>3} {B:>3} {mode:>8} | {ms['ours']:8.3f} {ms['fla']:8.3f} {ms['sdpa']:8.3f}"
+                f" | {ms['ours'] / ms['fla']:8.2f} {ms['ours'] / ms['sdpa']:9.2f}"
+                f" | {mb['ours']:8.0f} {mb['fla']:8.0f} {mb['sdpa']:8.0f}"
+            )
+    return "\n".join(lines)
+
+
+def _plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
+    for col, D in enumerate((64, 128)):
+        for row, mode in enumerate(("fwd", "fwd+bwd")):
+            ax = axes[row][col]
+            for impl in IMPLS:
+                pts = sorted((r["T"], r["ms"]) for r in rows
+                             if r["impl"] == impl and r["mode"] == mode and r["D"] == D and r["B"] * r["T"] == TOKENS)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"D={D}, {mode}, {TOKENS} tokens a batch, bf16")
+            ax.set_xlabel("T")
+            ax.set_ylabel("ms (median)")
+            ax.grid(True, alpha=0.3)
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+@click.command("kernel")
+@click.option("--path", "out_dir", default="results/kernel", show_default=True,
+              help="folder for kernel_bench.csv and kernel_bench.png")
+@click.option("--impl", "impls", multiple=True, type=click.Choice(IMPLS),
+              help="implementations to time (default: all)")
+@click.option("--quick", is_flag=True, help="only T=4096 and the training shapes, fewer repetitions")
+def bench_kernel(out_dir, impls, quick):
+    """Time the Triton PaTH kernel against fla-core and torch SDPA (needs a CUDA GPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError("bench kernel needs a CUDA GPU; none is available here")
+    impls = tuple(impls) or IMPLS
+    if "fla" in impls:
+        try:
+            import fla.ops.path_attn.parallel  # noqa: F401
+        except ImportError:
+            click.echo("fla-core is not installed: timing without it (pip install fla-core)")
+            impls = tuple(i for i in impls if i != "fla")
+    shapes = [s for s in LONG_SHAPES if s[1] == 4096] if quick else list(LONG_SHAPES)
+    shapes += TRAIN_SHAPES
+    click.echo(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    rows = run_bench(shapes, impls, warmup=10 if quick else 25, rep=30 if quick else 100, echo=click.echo)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "kernel_bench.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["impl", "mode", "D", "T", "H", "B", "ms", "peak_mb"])
+        writer.writeheader()
+        writer.writerows(rows)
+    _plot(rows, out / "kernel_bench.png")
+    click.echo(_table(rows))
+    click.echo(f"wrote {out / 'kernel_bench.csv'} and {out / 'kernel_bench.png'}")
