@@ -72,7 +72,9 @@ class Task:
     ("train" first). It implements `sample`, and may extend `metrics`.
 
     Construct a task with `make_task`, which looks the name up in the registry; overrides are
-    validated strictly (unknown keys and invalid values raise `pathbench.UserError`).
+    validated strictly (unknown keys and invalid values raise `pathbench.UserError`). The
+    resolved configuration is ``options`` (the ``Config`` instance, for the task's own code)
+    and ``config`` (the same as a plain dict, for records and tables).
     """
 
     name: ClassVar[str]
@@ -99,7 +101,10 @@ class Task:
         raise NotImplementedError
 
     def generate(self, num: int, seed: int, split: str) -> Dataset:
-        """``num`` sequences of ``split``; deterministic in (configuration, split, seed)."""
+        """``num`` sequences of ``split``; deterministic in (configuration, split, seed).
+
+        Each split draws from its own stream, seeded by (split_key(split), seed).
+        """
         if split not in self.splits:
             raise UserError(
                 f"task {self.name!r} has no split {split!r}; valid splits: {', '.join(self.splits)}"
@@ -194,7 +199,7 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         allowed = list(typing.get_args(annotation))
     optional = type(None) in allowed
     target = next(t for t in allowed if t is not type(None))
-    if value is None or (optional and isinstance(value, str) and value.lower() in _NONE):
+    if value is None or (optional and isinstance(value, str) and value.strip().lower() in _NONE):
         if optional:
             return None
         raise UserError(f"invalid value None for {key!r}; expected {target.__name__}")

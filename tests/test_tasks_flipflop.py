@@ -74,8 +74,8 @@ def test_error_is_the_percentage_of_wrong_reads():
     predictions = dataset.targets.copy()
     scored = np.argwhere(dataset.targets != -100)
     row, column = scored[0]
-    flipped = {task.vocab.index("0"): task.vocab.index("1"), task.vocab.index("1"): task.vocab.index("0")}
-    predictions[row, column] = flipped[predictions[row, column]]
+    zero, one = task.vocab.index("0"), task.vocab.index("1")
+    predictions[row, column] = {zero: one, one: zero}[predictions[row, column]]
     predictions[dataset.targets == -100] = 0  # unscored positions do not count
     metrics = task.metrics(predictions, dataset.targets, "test")
     assert metrics["accuracy"] == pytest.approx(1 - 1 / len(scored))
