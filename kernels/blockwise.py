@@ -28,75 +28,78 @@ from pathbench.kernels.softmax import compute_dtype
 BLOCK = 64
 
 
-def path_logits_blockwise(q, k, w=None, beta=None, log_fgate=None, scale=None, block=BLOCK):
-    """Causal PaTH logits [B, H, T, T] (masked entries -inf), equal to reference.path_logits.
+def path_attention_blockwise(q, k, v, w=None, beta=None, log_fgate=None, scale=None, block=BLOCK):
+    """PaTH / PaTH-FoX / FoX attention [B, T, H, D] -> [B, T, H, D], equal to the reference.
 
-    Computed in float32 (float64 for float64 inputs). w=None gives FoX (or plain softmax
-    logits when log_fgate is None too).
+    Computed in float32 (float64 for float64 inputs), returned in q's dtype. w=None gives
+    FoX (or plain causal softmax attention when log_fgate is None too).
     """
     B, T, H, D = q.shape
     scale = D**-0.5 if scale is None else scale
-    dtype = compute_dtype(q.dtype)
-    qh = q.transpose(1, 2).to(dtype)  # [B, H, T, D]
-    kh = k.transpose(1, 2).to(dtype)
-    if w is None:
-        logits = qh @ kh.transpose(-1, -2)
-    else:
-        logits = _householder_logits(qh, kh, w.transpose(1, 2).to(dtype),
-                                     beta.transpose(1, 2).to(dtype), block)
-    logits = logits * scale
-    if log_fgate is not None:
-        g = torch.cumsum(log_fgate.transpose(1, 2).to(dtype), dim=-1)  # G_t, [B, H, T]
-        logits = logits + g[..., :, None] - g[..., None, :]
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    return logits.masked_fill(~causal, float("-inf"))
-
-
-def _householder_logits(q, k, w, beta, block):
-    """q^T H_i ... H_{j+1} k_j for every pair (unmasked, unscaled); inputs [B, H, T, D]."""
-    B, H, T, D = q.shape
+    out_dtype, dtype = q.dtype, compute_dtype(q.dtype)
     n = -(-T // block)  # number of blocks
     pad = n * block - T
-    # Padding tokens get beta = 0, so their H is the identity; their rows and columns are
-    # cut off at the end.
-    q, k, w = (F.pad(x, (0, 0, 0, pad)).view(B, H, n, block, D) for x in (q, k, w))
-    beta = F.pad(beta, (0, pad)).view(B, H, n, block, 1)
 
+    def blocks(x):  # [B, T, H, ...] -> [B, H, n, block, ...], zero-padded to whole blocks
+        x = x.to(dtype).transpose(1, 2)
+        return F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad)).unflatten(2, (n, block))
+
+    # Padding tokens get beta = 0, so their H is the identity; and no real query sees them.
+    q, k, v = blocks(q * scale), blocks(k), blocks(v)
+    if w is None:
+        q_start, k_end, intra = q, k, q @ k.transpose(-1, -2)
+        products = None
+    else:
+        q_start, k_end, intra, products = _transport_within_blocks(q, k, blocks(w), blocks(beta))
+    causal = torch.ones(block, block, dtype=torch.bool, device=q.device).tril()
+
+    # logits[d]: query block p against key block p - d, for p = d .. n-1, [B, H, n - d, C, C].
+    logits = [intra.masked_fill(~causal, float("-inf"))]
+    q_moving = q_start[:, :, 1:]  # query blocks 1..n-1, to meet the key block to their left
+    for distance in range(1, n):
+        logits.append(q_moving @ k_end[:, :, : n - distance].transpose(-1, -2))
+        q_moving = q_moving[:, :, 1:]  # query block `distance` has met all its keys
+        if products is not None:  # the others cross key block p - distance
+            q_moving = q_moving @ products[:, :, 1 : n - distance]
+    if log_fgate is not None:
+        g = blocks(torch.cumsum(log_fgate.to(dtype), dim=1))  # G_t, [B, H, n, C]
+        logits = [s + g[:, :, d:, :, None] - g[:, :, : n - d, None, :] for d, s in enumerate(logits)]
+
+    # Softmax over all key blocks of each query row; the shift is any upper bound of the row.
+    def align(x, d):  # a per-distance tensor over query blocks d..n-1 -> over all n blocks
+        return F.pad(x, (0, 0) * (x.dim() - 3) + (d, 0))
+
+    row_max = torch.stack([align(s.amax(-1), d) for d, s in enumerate(logits)]).amax(0)
+    row_max = row_max.detach()[..., None]  # the softmax does not depend on it
+    weights = [torch.exp(s - row_max[:, :, d:]) for d, s in enumerate(logits)]
+    total = sum(align(e.sum(-1), d) for d, e in enumerate(weights))
+    out = sum(align(e @ v[:, :, : n - d], d) for d, e in enumerate(weights)) / total[..., None]
+    return out.flatten(2, 3)[:, :, :T].transpose(1, 2).to(out_dtype)
+
+
+def _transport_within_blocks(q, k, w, beta):
+    """Everything one block's UT solve gives, for inputs [B, H, n, C, D] (beta [B, H, n, C]).
+
+    Returns q moved to its block's start ((H_i ... H_first)^T q_i), k moved to its block's end
+    (H_last ... H_{j+1} k_j), the intra-block logits q_i^T H_i ... H_{j+1} k_j (unmasked), and
+    each block's whole product H_last ... H_first as a [D, D] matrix (for row vectors: q^T P).
+    """
+    block, D = q.shape[-2], q.shape[-1]
+    beta = beta[..., None]
     eye = torch.eye(block, dtype=q.dtype, device=q.device)
     strictly_lower = torch.ones(block, block, dtype=torch.bool, device=q.device).tril(-1)
     lower = strictly_lower | eye.bool()
-    # A = I + strictly_lower(diag(beta) W W^T); its inverse restricted to [s, t] serves every
-    # interval inside the block.
+    # A = I + strictly_lower(diag(beta) W W^T); the block product is I - W^T U, U = A^-1 diag(beta) W,
+    # and A^-1 restricted to [s, t] serves every interval inside the block.
     a = eye + (beta * (w @ w.transpose(-1, -2))).masked_fill(~strictly_lower, 0.0)
     a_inv = torch.linalg.solve_triangular(a, eye.expand_as(a), upper=False, unitriangular=True)
-    u = a_inv @ (beta * w)  # block product = I - W^T U
     qw = (q @ w.transpose(-1, -2)).masked_fill(~lower, 0.0)  # [i, s]: H_s acts on q_i if s <= i
-    wk = (w @ k.transpose(-1, -2)).masked_fill(~strictly_lower, 0.0)  # [t, j]: if t > j
+    wk = (w @ k.transpose(-1, -2)).masked_fill(~strictly_lower, 0.0)  # [t, j]: on k_j if t > j
     solved_wk = a_inv @ (beta * wk)
+    u = a_inv @ (beta * w)
 
     intra = q @ k.transpose(-1, -2) - qw @ solved_wk
-    q_start = q - qw @ u  # (H_i ... H_first)^T q_i: each query moved to its block's start
-    k_end = k - solved_wk.transpose(-1, -2) @ w  # H_last ... H_{j+1} k_j: moved to block end
-
-    # logits[b, h, query block, key block, i, j]; blocks above the diagonal stay -inf.
-    logits = q.new_full((B, H, n, n, block, block), float("-inf"))
-    blocks = torch.arange(n, device=q.device)
-    logits[:, :, blocks, blocks] = intra
-    q_moving = q_start[:, :, 1:]  # query blocks 1..n-1, to meet key blocks one to their left
-    for distance in range(1, n):
-        key_blocks = blocks[: n - distance]
-        logits[:, :, blocks[distance:], key_blocks] = q_moving @ k_end[:, :, key_blocks].transpose(-1, -2)
-        if distance < n - 1:
-            # Query block p crosses key block p - distance; the first query block is done.
-            q_moving = q_moving[:, :, 1:]
-            crossed = blocks[1 : n - distance]
-            q_moving = q_moving - (q_moving @ w[:, :, crossed].transpose(-1, -2)) @ u[:, :, crossed]
-    logits = logits.transpose(3, 4).reshape(B, H, n * block, n * block)
-    return logits[..., :T, :T]
-
-
-def path_attention_blockwise(q, k, v, w=None, beta=None, log_fgate=None, scale=None, block=BLOCK):
-    """PaTH / PaTH-FoX / FoX attention output [B, T, H, D] from the blockwise logits."""
-    probs = torch.softmax(path_logits_blockwise(q, k, w, beta, log_fgate, scale, block), dim=-1)
-    out = probs @ v.transpose(1, 2).to(probs.dtype)
-    return out.transpose(1, 2).to(q.dtype)
+    q_start = q - qw @ u
+    k_end = k - solved_wk.transpose(-1, -2) @ w
+    products = torch.eye(D, dtype=q.dtype, device=q.device) - w.transpose(-1, -2) @ u
+    return q_start, k_end, intra, products

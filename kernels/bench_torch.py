@@ -1,0 +1,78 @@
+"""`pathbench bench torch`: forward + backward time of the two torch PaTH implementations.
+
+Compares the materialised reference (global T x T triangular solve) with the blockwise
+implementation (per-block solves) on the CPU, same random inputs, float32, with gate. Each
+time is the median of several timed calls after one warm-up call.
+"""
+
+from __future__ import annotations
+
+import time
+
+import click
+import torch
+import torch.nn.functional as F
+
+from pathbench.kernels.blockwise import path_attention_blockwise
+from pathbench.kernels.reference import path_attention_reference
+
+IMPLEMENTATIONS = {"reference": path_attention_reference, "blockwise": path_attention_blockwise}
+
+
+def _int_list(ctx, param, value):
+    try:
+        numbers = [int(part) for part in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if any(number < 1 for number in numbers):
+        raise click.BadParameter(f"expected positive integers, got {value!r}")
+    return numbers
+
+
+def time_fwd_bwd(attention, inputs, repeats: int) -> float:
+    """Fastest milliseconds of attention(*inputs) plus a backward pass to every input."""
+
+    def call():
+        leaves = [x.detach().requires_grad_() for x in inputs]
+        attention(*leaves).sum().backward()
+
+    call()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return 1000 * min(times)
+
+
+def random_inputs(batch, length, heads, dim, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    shape = (batch, length, heads, dim)
+    q, k, v = (torch.randn(shape, generator=generator) for _ in range(3))
+    w = F.normalize(torch.randn(shape, generator=generator), dim=-1)
+    beta = 2 * torch.rand(shape[:3], generator=generator)
+    log_fgate = F.logsigmoid(torch.randn(shape[:3], generator=generator) + 3)
+    return q, k, v, w, beta, log_fgate
+
+
+@click.command("torch")
+@click.option("--lengths", default="256,512,768", show_default=True, callback=_int_list,
+              help="Sequence lengths T, comma-separated.")
+@click.option("--dims", default="32,64", show_default=True, callback=_int_list,
+              help="Head dimensions D, comma-separated.")
+@click.option("--batch", default=8, show_default=True, type=click.IntRange(min=1))
+@click.option("--heads", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Timed calls per measurement (the fastest is shown).")
+def bench_torch(lengths, dims, batch, heads, repeats):
+    """Time fwd+bwd of the reference and the blockwise torch PaTH attention on the CPU."""
+    click.echo(f"PaTH attention fwd+bwd on the CPU, float32, B={batch} H={heads}, "
+               f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+               f"fastest of {repeats}")
+    click.echo(f"{'D':>4} {'T':>6} {'reference ms':>13} {'blockwise ms':>13} {'speed-up':>9}")
+    for dim in dims:
+        for length in lengths:
+            inputs = random_inputs(batch, length, heads, dim)
+            ms = {name: time_fwd_bwd(fn, inputs, repeats) for name, fn in IMPLEMENTATIONS.items()}
+            click.echo(f"{dim:>4} {length:>6} {ms['reference']:>13.1f} {ms['blockwise']:>13.1f} "
+                       f"{ms['reference'] / ms['blockwise']:>8.1f}x")
