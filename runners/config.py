@@ -1,0 +1,264 @@
+"""Resolution of a run's configuration, and the parsing of the options that feed it.
+
+A run is fully described by one JSON object (``config.json`` of its run directory)::
+
+    {"task":  {"name": ..., "version": ..., "config": {...}},
+     "model": {...every ModelConfig field...},
+     "train": {...every TrainConfig field...},
+     "seed": 0, "preset": "paper" | "cpu", "device": "cpu" | "cuda"}
+
+Later sources win, key by key:
+
+    built-in defaults  <  the task's run_defaults  <  the preset  <  command-line options
+                       <  --set task.KEY=V / model.KEY=V / train.KEY=V
+
+Presets: "paper" is the task's own run_defaults (the paper's setting). "cpu" overlays a smaller
+setting for tasks whose paper setting does not train in minutes on a few CPU cores (see
+CPU_PRESETS); for other tasks it equals "paper". Without --preset, the device decides: cuda ->
+paper, cpu -> cpu. Everything is strict: an unknown key or a malformed value is a UserError.
+
+The run id is a readable prefix plus a digest of everything that determines the result (task
+name, version and config, model, train, seed), so a sweep can tell which runs already exist.
+The device and the preset are not part of it: the preset's effect is already in the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass
+from typing import Iterable
+
+from pathbench import UserError
+from pathbench.runners.store import config_digest
+
+SECTIONS = ("task", "model", "train")
+PRESETS = ("paper", "cpu")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class TrainConfig:
+    """How a model is trained and evaluated. Tasks override these in run_defaults["train"]."""
+
+    steps: int = 2000  # optimizer steps; early stopping may end the run sooner
+    batch_size: int = 32  # sequences per step, freshly generated every step
+    lr: float = 1e-3  # peak learning rate of AdamW
+    warmup: int = 100  # linear warm-up steps (at most a tenth of `steps`), then cosine to 0
+    weight_decay: float = 0.1  # AdamW decoupled weight decay (matrices only)
+    grad_clip: float = 1.0  # maximum global gradient norm
+    eval_every: int = 200  # steps between validation checks (early stopping, curve points)
+    eval_num: int = 1024  # sequences in the validation set and in each evaluation split
+    early_stop: float | None = 1.0  # stop when validation primary metric >= this; None: never
+
+
+def _check_train(config: TrainConfig) -> None:
+    c = config
+    checks = [
+        ("steps", c.steps >= 1, ">= 1"),
+        ("batch_size", c.batch_size >= 1, ">= 1"),
+        ("lr", c.lr > 0 and math.isfinite(c.lr), "a positive number"),
+        ("warmup", c.warmup >= 0, ">= 0"),
+        ("weight_decay", c.weight_decay >= 0, ">= 0"),
+        ("grad_clip", c.grad_clip > 0, "> 0"),
+        ("eval_every", c.eval_every >= 1, ">= 1"),
+        ("eval_num", c.eval_num >= 1, ">= 1"),
+        ("early_stop", c.early_stop is None or 0 < c.early_stop <= 1, "in (0, 1] or none"),
+    ]
+    for key, ok, rule in checks:
+        if not ok:
+            raise UserError(f"train.{key} must be {rule}, got {getattr(config, key)!r}")
+
+
+def train_config(values: dict) -> TrainConfig:
+    """A TrainConfig from a dict of (possibly string) values; strict about keys and types."""
+    hints = typing.get_type_hints(TrainConfig)
+    typed = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise UserError(
+                f"unknown train setting {key!r}; valid settings: {', '.join(hints)}"
+            )
+        typed[key] = coerce(value, hints[key], f"train.{key}")
+    config = TrainConfig(**typed)
+    _check_train(config)
+    return config
+
+
+def coerce(value, annotation, name: str):
+    """Convert a command-line string (or a TOML value) to the type a config field declares."""
+    args = typing.get_args(annotation)
+    optional = type(None) in args
+    base = next((arg for arg in args if arg is not type(None)), annotation) if args else annotation
+    if isinstance(value, str):
+        text = value.strip()
+        if optional and text.lower() in ("none", "null"):
+            return None
+        try:
+            if base is bool:
+                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                return text.lower() in ("true", "1", "yes")
+            if base in (int, float):
+                return base(text)
+        except ValueError:
+            raise UserError(f"{name} expects {_type_name(annotation)}, got {value!r}") from None
+        return value
+    if value is None and optional:
+        return None
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if base in (int, float, bool, str) and type(value) is not base:
+        raise UserError(f"{name} expects {_type_name(annotation)}, got {value!r}")
+    return value
+
+
+def _type_name(annotation) -> str:
+    args = typing.get_args(annotation)
+    names = [getattr(arg, "__name__", str(arg)) for arg in args] if args else [annotation.__name__]
+    return " or ".join("none" if name == "NoneType" else name for name in names)
+
+
+# --- option parsing -------------------------------------------------------------------------
+
+
+def parse_sets(items: Iterable[str]) -> dict[str, dict[str, str]]:
+    """``["task.length=64", "train.lr=1e-3"]`` -> ``{"task": {"length": "64"}, ...}``."""
+    sets: dict[str, dict[str, str]] = {section: {} for section in SECTIONS}
+    for item in items:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or section not in SECTIONS or not name or not value.strip():
+            raise UserError(
+                f"--set expects task.KEY=VALUE, model.KEY=VALUE or train.KEY=VALUE, got {item!r}"
+            )
+        sets[section][name] = value.strip()
+    return sets
+
+
+def parse_int_list(text: str, option: str) -> list[int]:
+    """``"1-6"``, ``"1,2,4"`` or ``"1-3,6"`` -> a sorted list of distinct integers."""
+    values: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        low, dash, high = part.partition("-")
+        try:
+            if dash:
+                first, last = int(low), int(high)
+                if first > last:
+                    raise ValueError
+                values.update(range(first, last + 1))
+            else:
+                values.add(int(part))
+        except ValueError:
+            raise UserError(
+                f"{option} expects integers and ranges like 1-6 or 0,2,4, got {text!r}"
+            ) from None
+    return sorted(values)
+
+
+def parse_float_list(text: str, option: str) -> list[float]:
+    try:
+        values = [float(part) for part in str(text).split(",")]
+    except ValueError:
+        raise UserError(f"{option} expects numbers like 1e-3,3e-4, got {text!r}") from None
+    if not all(value > 0 and math.isfinite(value) for value in values):
+        raise UserError(f"{option} expects positive numbers, got {text!r}")
+    return values
+
+
+# --- resolution -----------------------------------------------------------------------------
+
+# The "cpu" preset: smaller settings for tasks whose paper setting does not train within minutes
+# on a 2-core CPU with the torch attention. Each entry is measured to still separate PaTH from
+# RoPE (README: "Running on a CPU").
+CPU_PRESETS: dict[str, dict[str, dict]] = {}
+
+
+def resolve_device(device: str) -> str:
+    """auto -> cuda when a GPU is visible, else cpu; cuda without a GPU is a UserError."""
+    import torch
+
+    if device not in DEVICES:
+        raise UserError(f"unknown device {device!r}; valid choices: {', '.join(DEVICES)}")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was given but no CUDA GPU is available; use --device cpu")
+    return device
+
+
+def resolve_run(
+    task_name: str,
+    *,
+    options: dict | None = None,
+    sets: dict[str, dict] | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    preset: str | None = None,
+) -> dict:
+    """The fully resolved configuration of one run (see the module docstring).
+
+    ``options`` holds the command-line options that were given (model, layers, heads, d_model,
+    steps, batch_size, lr); ``device`` must already be resolved ("cpu" or "cuda").
+    """
+    from pathbench.models import model_config
+    from pathbench.tasks import make_task
+
+    options = {key: value for key, value in (options or {}).items() if value is not None}
+    sets = sets or {section: {} for section in SECTIONS}
+    if preset is None:
+        preset = "paper" if device == "cuda" else "cpu"
+    if preset not in PRESETS:
+        raise UserError(f"unknown preset {preset!r}; valid choices: {', '.join(PRESETS)}")
+    overlay = CPU_PRESETS.get(task_name, {}) if preset == "cpu" else {}
+
+    task = make_task(task_name, {**overlay.get("task", {}), **sets.get("task", {})})
+    run_defaults = task.run_defaults
+
+    model_options = {
+        "attention": options.get("model"),
+        "layers": options.get("layers"),
+        "heads": options.get("heads"),
+        "d_model": options.get("d_model"),
+    }
+    model_values = {
+        **run_defaults.get("model", {}),
+        **overlay.get("model", {}),
+        **{key: value for key, value in model_options.items() if value is not None},
+        **sets.get("model", {}),
+    }
+    if "vocab_size" in model_values:
+        raise UserError("model.vocab_size is set by the task's vocabulary and cannot be changed")
+    model = model_config({**model_values, "vocab_size": len(task.vocab)})
+
+    train_options = {key: options.get(key) for key in ("steps", "batch_size", "lr")}
+    train = train_config(
+        {
+            **run_defaults.get("train", {}),
+            **overlay.get("train", {}),
+            **{key: value for key, value in train_options.items() if value is not None},
+            **sets.get("train", {}),
+        }
+    )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UserError(f"seed must be a non-negative integer, got {seed!r}")
+    return {
+        "task": {"name": task.name, "version": task.version, "config": dict(task.config)},
+        "model": dataclasses.asdict(model),
+        "train": dataclasses.asdict(train),
+        "seed": seed,
+        "preset": preset,
+        "device": device,
+    }
+
+
+def run_id(config: dict) -> str:
+    """``flipflop-path-L1-H2-D64-lr0.001-s0-3f2a9c41d0``: readable, and unique per config."""
+    identity = {key: config[key] for key in ("task", "model", "train", "seed")}
+    model, train = config["model"], config["train"]
+    return (
+        f"{config['task']['name']}-{model['attention']}-L{model['layers']}-H{model['heads']}"
+        f"-D{model['d_model']}-lr{train['lr']:g}-s{config['seed']}-{config_digest(identity)[:10]}"
+    )

@@ -1,0 +1,90 @@
+"""`pathbench inspect RUN_DIR`: the attention maps of every head of a trained model.
+
+The model of the run is rebuilt from its record, its weights loaded, and one example of an
+evaluation split is drawn: a grid with a row per layer and a column per head, query position
+down, key position across. Attention is causal, so the first ``--tokens`` positions of the
+example are exactly the top-left corner of the full maps. On flip-flop, a model that solved the
+task shows each read (``r``) attending to the most recent write (``w``); scored positions are
+marked on the query axis.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import numpy as np
+from matplotlib.figure import Figure
+
+from pathbench import UserError
+from pathbench.runners import store
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="PNG path (default RUN_DIR/attention.png).")
+@click.option("--split", default=None, help="Evaluation split of the example (default: first).")
+@click.option("--example", type=int, default=0, show_default=True,
+              help="Which example of the split.")
+@click.option("--tokens", type=int, default=64, show_default=True,
+              help="Positions shown (the first N of the example).")
+def inspect(run_dir, output, split, example, tokens):
+    """Draw the attention maps of every head of the model in RUN_DIR on one example."""
+    import torch
+
+    from pathbench.models import build_model, model_config
+    from pathbench.runners.train import EVALUATION_SEED
+    from pathbench.tasks import make_task
+
+    record = store.read_result(run_dir)
+    weights_path = run_dir / store.WEIGHTS_FILE
+    if record["status"] != "ok" or not weights_path.exists():
+        raise UserError(f"{run_dir} has no trained weights (status {record['status']!r})")
+    if example < 0 or tokens < 2:
+        raise UserError("--example must be >= 0 and --tokens >= 2")
+    config = record["config"]
+    task = make_task(config["task"]["name"], config["task"]["config"])
+    split = split or task.splits[1]
+    if split not in task.splits:
+        raise UserError(f"unknown split {split!r}; valid splits: {', '.join(task.splits)}")
+    model = build_model(model_config(config["model"]))
+    try:
+        state = torch.load(weights_path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["state_dict"])
+    except Exception as exc:  # a damaged or foreign file
+        raise UserError(f"cannot load weights {weights_path}: {type(exc).__name__}") from None
+    model.eval()
+
+    dataset = task.generate(example + 1, EVALUATION_SEED, split)
+    inputs = torch.from_numpy(dataset.inputs[example : example + 1])
+    with torch.no_grad():
+        maps = [layer_map[0, :, :tokens, :tokens].float().numpy()
+                for layer_map in model.attention_maps(inputs)]
+    shown = min(tokens, inputs.shape[1])
+    words = [task.vocab[i] for i in dataset.inputs[example, :shown]]
+    scored = np.flatnonzero(dataset.targets[example, :shown] != -100)
+
+    layers, heads = len(maps), maps[0].shape[0]
+    figure = Figure(figsize=(3.6 * heads, 3.4 * layers), layout="constrained")
+    axes = figure.subplots(layers, heads, squeeze=False)
+    for layer, layer_maps in enumerate(maps):
+        for head, attention in enumerate(layer_maps):
+            ax = axes[layer, head]
+            image = ax.imshow(attention, cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+            if shown <= 64:  # token labels stay legible up to about 64 positions
+                ax.set_xticks(range(shown), words, fontsize=4, rotation=90)
+                ax.set_yticks(range(shown), words, fontsize=4)
+            ax.scatter(np.full(len(scored), -1.2), scored, marker=">", s=6, color="red",
+                       clip_on=False)
+            ax.set_xlabel("key position", fontsize=8)
+            ax.set_ylabel("query position (red: scored)", fontsize=8)
+    figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    model_cfg = config["model"]
+    figure.suptitle(f"{config['task']['name']}, {model_cfg['attention']}: {split} example "
+                    f"{example}, first {shown} positions", fontsize=10)
+    output = output or run_dir / "attention.png"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output, dpi=200)
+    click.echo(f"wrote {output}")

@@ -1,0 +1,213 @@
+"""`pathbench run`: train and evaluate one model on one task, and record it.
+
+``execute_run`` is the single place where a run happens: the ``run`` command calls it directly,
+sweep workers call it once per grid point. It never raises for a failing run: a crash is
+recorded as status "failed" with the reason, a NaN loss as "diverged" with the step, so a sweep
+goes on. Only an interrupt (Ctrl-C, a kill) leaves a run without result.json, i.e. not done.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import subprocess
+import time
+import traceback
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import click
+
+import pathbench
+from pathbench.runners import store
+from pathbench.runners.config import (
+    DEVICES,
+    PRESETS,
+    parse_sets,
+    resolve_device,
+    resolve_run,
+    run_id,
+    train_config,
+)
+
+
+@functools.lru_cache(maxsize=1)
+def git_state() -> dict:
+    """The commit of the source tree pathbench is imported from, if it is a git checkout."""
+    source = Path(pathbench.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True,
+                                text=True, timeout=10)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                cwd=source, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return {"git_commit": None, "git_dirty": None}
+    if commit.returncode != 0:
+        return {"git_commit": None, "git_dirty": None}
+    return {"git_commit": commit.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
+
+
+def device_name(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def execute_run(config: dict, out: Path, progress: bool = True) -> dict:
+    """Run one resolved configuration into ``out/<run_id>/`` and return its result record."""
+    import torch
+
+    from pathbench.models import build_model, model_config
+    from pathbench.runners.train import train
+    from pathbench.tasks import make_task
+
+    run_dir = Path(out) / run_id(config)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # A rerun of the same configuration starts clean: without result.json it counts as not done.
+    (run_dir / store.RESULT_FILE).unlink(missing_ok=True)
+    store.write_json_atomic(run_dir / store.CONFIG_FILE, config)
+    curve = store.CurveWriter(run_dir)
+    device = torch.device(config["device"])
+    started = datetime.now(timezone.utc)
+    clock = time.perf_counter()
+    provenance = {
+        "pathbench_version": pathbench.__version__,
+        **git_state(),
+        "torch_version": torch.__version__,
+        "triton_version": _package_version("triton"),
+        "python_version": platform.python_version(),
+        "device": config["device"],
+        "device_name": device_name(device),
+        "task_version": config["task"]["version"],
+        "dataset_hash": None,
+        "seed": config["seed"],
+        "started_at": started.isoformat(timespec="seconds"),
+        "wall_time_s": None,
+    }
+    record = {"run_id": run_dir.name, "status": "failed", "reason": None, "steps": 0,
+              "stopped_early": False, "primary_metric": None, "solved_threshold": None,
+              "metrics": {}, "validation": {}, "config": config, "provenance": provenance}
+    try:
+        task = make_task(config["task"]["name"], config["task"]["config"])
+        if task.version != config["task"]["version"]:
+            raise RuntimeError(f"task version is {task.version}, the config was resolved "
+                               f"against {config['task']['version']}")
+        record.update(primary_metric=task.primary_metric, solved_threshold=task.solved_threshold)
+        torch.manual_seed(config["seed"])
+        model = build_model(model_config(config["model"]))
+        outcome = train(model, task, train_config(config["train"]), config["seed"], device,
+                        curve, progress=progress, label=run_dir.name)
+        record.update(status=outcome.status, reason=outcome.reason, steps=outcome.steps,
+                      stopped_early=outcome.stopped_early, metrics=outcome.metrics,
+                      validation=outcome.validation)
+        provenance["dataset_hash"] = outcome.dataset_hash
+        if outcome.status == "ok":
+            weights = {"model_config": config["model"], "state_dict": model.state_dict()}
+            store.write_atomic(run_dir / store.WEIGHTS_FILE, lambda f: torch.save(weights, f))
+    except Exception as exc:  # any crash of this run is recorded, the caller goes on
+        record.update(status="failed", reason=f"{type(exc).__name__}: {exc}",
+                      traceback=traceback.format_exc())
+    finally:
+        curve.close()
+    provenance["wall_time_s"] = round(time.perf_counter() - clock, 3)
+    store.write_json_atomic(run_dir / store.RESULT_FILE, record)
+    record["run_dir"] = str(run_dir)
+    return record
+
+
+def summary_table(record: dict) -> str:
+    """The scalar metrics of every evaluation split, one row per split."""
+    rows = [(split, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+            for split, metrics in record["metrics"].items()]
+    if not rows:
+        return ""
+    columns = [key for key in rows[0][1]]
+    header = ["split", *columns]
+    body = [[split, *(f"{metrics.get(key, float('nan')):.4g}" for key in columns)]
+            for split, metrics in rows]
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+    return "\n".join("  ".join(cell.rjust(width) if i else cell.ljust(width)
+                               for i, (cell, width) in enumerate(zip(row, widths)))
+                     for row in [header, *body])
+
+
+def describe(record: dict) -> str:
+    """One line: status, steps, time, where the record is."""
+    wall = record["provenance"]["wall_time_s"]
+    status = record["status"]
+    how = " (early stop)" if record.get("stopped_early") else ""
+    line = f"{status} after {record['steps']} steps{how} in {wall:.1f} s: {record['run_dir']}"
+    if record.get("reason"):
+        line += f"\n  reason: {record['reason']}"
+    return line
+
+
+# Options shared by `run` and `sweep` (the sweep adds its grid options).
+def shared_options(command):
+    options = [
+        click.option("--d-model", type=int, default=None, help="Model width (task default)."),
+        click.option("--steps", type=int, default=None, help="Training steps (task default)."),
+        click.option("--batch-size", type=int, default=None,
+                     help="Sequences per step (task default)."),
+        click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
+                     help="Where to train; auto picks cuda when a GPU is visible."),
+        click.option("--preset", type=click.Choice(PRESETS), default=None,
+                     help="Setting size: paper, or the smaller cpu one. Default: paper on cuda, "
+                          "cpu on cpu."),
+        click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+                     default=store.DEFAULT_OUT, show_default=True,
+                     help="Directory that receives the run directories."),
+        click.option("--set", "sets", multiple=True, metavar="SECTION.KEY=VALUE",
+                     help="Override any task., model. or train. setting (repeatable)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@click.command()
+@click.argument("task")
+@click.option("--model", default=None, help="Attention variant (task default, e.g. path).")
+@click.option("--layers", type=int, default=None, help="Number of layers (task default).")
+@click.option("--heads", type=int, default=None, help="Attention heads per layer (task default).")
+@click.option("--lr", type=float, default=None, help="Peak learning rate (task default).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")
+@shared_options
+def run(task, model, layers, heads, lr, seed, d_model, steps, batch_size, device, preset, out,
+        sets):
+    """Train and evaluate one model on TASK; print the metrics of every split.
+
+    Writes OUT/<run id>/ with config.json, curve.jsonl, model.pt and result.json.
+    """
+    device = resolve_device(device)
+    config = resolve_run(
+        task,
+        options={"model": model, "layers": layers, "heads": heads, "d_model": d_model,
+                 "steps": steps, "batch_size": batch_size, "lr": lr},
+        sets=parse_sets(sets), seed=seed, device=device, preset=preset,
+    )
+    model_cfg, train_cfg = config["model"], config["train"]
+    click.echo(
+        f"{task}: {model_cfg['attention']}, {model_cfg['layers']} layers, {model_cfg['heads']} "
+        f"heads, d_model {model_cfg['d_model']}; {train_cfg['steps']} steps of "
+        f"{train_cfg['batch_size']}, lr {train_cfg['lr']:g}; {config['preset']} preset on "
+        f"{device}",
+        err=True,
+    )
+    record = execute_run(config, out)
+    click.echo(describe(record))
+    table = summary_table(record)
+    if table:
+        click.echo(table)
+    if record["status"] != "ok":
+        raise SystemExit(1)

@@ -1,0 +1,147 @@
+"""The results store: one directory per run, written so that a kill at any moment loses nothing.
+
+A run directory ``OUT/<run_id>/`` holds
+
+- ``config.json``  the fully resolved run configuration (written first),
+- ``curve.jsonl``  the training curve, one JSON object a line, appended while training,
+- ``model.pt``     the final weights (runs that finished with status "ok"),
+- ``result.json``  status, metrics per split, config and provenance (written last).
+
+``result.json`` is the completion marker: a run is done exactly when it exists. Every JSON file
+and the weights are written to a temporary file in the same directory and moved into place with
+``os.replace``, which is atomic on POSIX, so a reader sees either the old file or the whole new
+one, never half of it. A run killed before ``result.json`` is written simply counts as not done
+and is run again from the start (its curve is truncated when it restarts).
+
+A ``result.json`` that cannot be parsed can only come from outside tampering or a failing disk.
+Readers (``results``, ``plot``, ``inspect``) stop with a one-line error naming the file; a sweep
+instead moves the bad file aside to ``result.json.corrupt`` (so nothing is lost) and runs that
+configuration again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from pathbench import UserError
+
+CONFIG_FILE = "config.json"
+CURVE_FILE = "curve.jsonl"
+RESULT_FILE = "result.json"
+WEIGHTS_FILE = "model.pt"
+CORRUPT_SUFFIX = ".corrupt"
+
+DEFAULT_OUT = Path("results/runs")
+
+
+def write_atomic(path: Path, write: Callable) -> None:
+    """Write a file through ``write(file_object)`` into a temporary sibling, then rename it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    data = (json.dumps(obj, indent=2) + "\n").encode()
+    write_atomic(path, lambda file: file.write(data))
+
+
+def canonical_json(obj: Any) -> str:
+    """One fixed spelling of a JSON value: the basis of run ids and dataset hashes."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def config_digest(identity: dict) -> str:
+    return hashlib.sha256(canonical_json(identity).encode()).hexdigest()
+
+
+class CorruptRecord(UserError):
+    """A record file exists but is not valid JSON (or lacks the keys every record has)."""
+
+
+def read_json(path: Path) -> dict:
+    """Read a JSON record; a damaged file is a UserError naming the file."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorruptRecord(
+            f"{path} is not a valid record ({exc}); delete it (or its run directory) and "
+            f"rerun the sweep to redo that run"
+        ) from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    if not isinstance(obj, dict):
+        raise CorruptRecord(f"{path} is not a valid record (expected a JSON object)")
+    return obj
+
+
+def read_result(run_dir: Path) -> dict:
+    path = Path(run_dir) / RESULT_FILE
+    result = read_json(path)
+    missing = [key for key in ("status", "metrics", "config", "provenance") if key not in result]
+    if missing:
+        raise CorruptRecord(f"{path} is not a valid record (missing keys: {', '.join(missing)})")
+    return result
+
+
+def is_done(run_dir: Path) -> bool:
+    """True if the run finished (with any status); raises CorruptRecord for a damaged result."""
+    if not (Path(run_dir) / RESULT_FILE).exists():
+        return False
+    read_result(run_dir)
+    return True
+
+
+def set_aside_corrupt(run_dir: Path) -> Path:
+    """Move a damaged result.json to result.json.corrupt (kept for a look) so the run can redo."""
+    path = Path(run_dir) / RESULT_FILE
+    aside = path.with_name(RESULT_FILE + CORRUPT_SUFFIX)
+    os.replace(path, aside)
+    return aside
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Every run directory (one holding a result.json) under ``root``, in a stable order."""
+    root = Path(root)
+    if not root.exists():
+        raise UserError(f"results directory {root} does not exist")
+    if (root / RESULT_FILE).exists():
+        return [root]
+    return sorted(path.parent for path in root.rglob(RESULT_FILE))
+
+
+def iter_results(root: Path) -> Iterator[dict]:
+    for run_dir in find_run_dirs(root):
+        result = read_result(run_dir)
+        result["run_dir"] = str(run_dir)
+        yield result
+
+
+class CurveWriter:
+    """Appends training-curve points to ``curve.jsonl``; a new run starts an empty file."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / CURVE_FILE
+        self.file = open(self.path, "w")
+
+    def append(self, point: dict) -> None:
+        self.file.write(json.dumps(point) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()

@@ -1,0 +1,489 @@
+"""`pathbench sweep`: a grid of runs, resumable, in parallel processes or on Slurm.
+
+The grid is the product of models x layers x heads x learning rates x seeds (x any ``--grid``
+key). Every grid point is resolved up front, so a typo fails before anything runs. A run whose
+``result.json`` exists is skipped: records are written atomically and only once a run is over,
+so a sweep killed at any moment (SIGKILL included) loses nothing written, and running the same
+command again finishes the rest.
+
+Executors:
+
+- ``local`` (default): ``--workers N`` worker processes, each training one run at a time, so
+  several small runs share one GPU or the CPU cores (torch threads are divided among the
+  workers). A worker that dies (killed, out of memory) costs only the run it was training: it
+  is replaced, the sweep goes on, and the run is redone on the next invocation.
+- ``slurm``: one Slurm array job per run through submitit (``pip install 'pathbench[slurm]'``),
+  at most ``--workers`` at a time; ``--slurm KEY=VALUE`` passes executor parameters such as
+  ``slurm_partition=gpu`` or ``timeout_min=60``.
+
+``--until-solved`` runs layer counts in ascending order and skips a model's deeper layer
+counts once it has solved the task (mean over seeds at the best learning rate >= the task's
+solved threshold), which is what a min-layers-to-solve table needs and no more.
+
+``--file runners/sweeps/NAME.toml`` runs the sweeps a file defines (see runners/sweeps/); options
+given on the command line override the file's values.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from pathbench import UserError
+from pathbench.runners import store
+from pathbench.runners.config import (
+    DEVICES,
+    SECTIONS,
+    parse_float_list,
+    parse_int_list,
+    parse_sets,
+    resolve_device,
+    resolve_run,
+    run_id,
+)
+from pathbench.runners.run import execute_run, shared_options
+
+EXECUTORS = ("local", "slurm")
+# submitit's cluster for --executor slurm; the tests set "local" to run the same path without
+# a Slurm installation.
+SUBMITIT_CLUSTER = "slurm"
+SWEEPS_DIR = Path(__file__).parent / "sweeps"
+
+
+@dataclass
+class Grid:
+    """One grid of runs over a single task; None means the task's default."""
+
+    task: str
+    models: list[str] | None = None
+    layers: list[int] | None = None
+    heads: list[int] | None = None
+    lrs: list[float] | None = None
+    seeds: list[int] = field(default_factory=lambda: [0])
+    d_model: int | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    preset: str | None = None
+    sets: list[str] = field(default_factory=list)
+    grid: dict[str, list[str]] = field(default_factory=dict)  # "task.n_back" -> ["1", "2"]
+    until_solved: bool = False
+
+    def configs(self, device: str) -> list[dict]:
+        """Every grid point, resolved; duplicates (same run id) appear once."""
+        axes = [self.models or [None], self.layers or [None], self.heads or [None],
+                self.lrs or [None], self.seeds]
+        extra_keys = list(self.grid)
+        configs = {}
+        for model, layers, heads, lr, seed, *extra in itertools.product(
+            *axes, *(self.grid[key] for key in extra_keys)
+        ):
+            sets = parse_sets([*self.sets, *(f"{k}={v}" for k, v in zip(extra_keys, extra))])
+            config = resolve_run(
+                self.task,
+                options={"model": model, "layers": layers, "heads": heads, "lr": lr,
+                         "d_model": self.d_model, "steps": self.steps,
+                         "batch_size": self.batch_size},
+                sets=sets, seed=seed, device=device, preset=self.preset,
+            )
+            configs.setdefault(run_id(config), config)
+        return list(configs.values())
+
+
+def parse_grid_options(items) -> dict[str, list[str]]:
+    """``["task.n_back=1,2,3"]`` -> ``{"task.n_back": ["1", "2", "3"]}``."""
+    grid = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        section = key.partition(".")[0]
+        if not sep or section not in SECTIONS or "." not in key or not values.strip():
+            raise UserError(f"--grid expects SECTION.KEY=V1,V2,... with SECTION one of "
+                            f"{', '.join(SECTIONS)}, got {item!r}")
+        grid[key.strip()] = [value.strip() for value in values.split(",")]
+    return grid
+
+
+# --- sweep files ----------------------------------------------------------------------------
+
+FILE_KEYS = {"include", "sweep", "out", "workers", "device", "executor"}
+TABLE_KEYS = {f.name for f in fields(Grid)} - {"sets"} | {"set"}
+
+
+def find_sweep_file(name: str) -> Path:
+    """A path, or the name of a file shipped in runners/sweeps/ (``paper``, ``flipflop.toml``)."""
+    for candidate in (Path(name), SWEEPS_DIR / name, SWEEPS_DIR / f"{name}.toml"):
+        if candidate.is_file():
+            return candidate
+    shipped = ", ".join(sorted(path.stem for path in SWEEPS_DIR.glob("*.toml")))
+    raise UserError(f"sweep file {name!r} not found; shipped sweep files: {shipped}")
+
+
+def load_sweep_file(path: Path, seen: tuple = ()) -> tuple[dict, list[Grid]]:
+    """(top-level settings, grids) of a sweep file and the files it includes."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    path = Path(path).resolve()
+    if path in seen:
+        raise UserError(f"sweep file {path} includes itself")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"sweep file {path} is not valid TOML: {exc}") from None
+    unknown = set(data) - FILE_KEYS
+    if unknown:
+        raise UserError(f"sweep file {path}: unknown key {sorted(unknown)[0]!r}; valid keys: "
+                        f"{', '.join(sorted(FILE_KEYS))}")
+    settings = {key: data[key] for key in ("out", "workers", "device", "executor") if key in data}
+    grids = []
+    for included in data.get("include", []):
+        included_settings, included_grids = load_sweep_file(path.parent / included,
+                                                            (*seen, path))
+        settings = {**included_settings, **settings}
+        grids += included_grids
+    for number, table in enumerate(data.get("sweep", []), start=1):
+        grids.append(_grid_from_table(table, f"sweep file {path}, [[sweep]] #{number}"))
+    if not grids:
+        raise UserError(f"sweep file {path} defines no [[sweep]] table")
+    return settings, grids
+
+
+def _grid_from_table(table: dict, where: str) -> Grid:
+    unknown = set(table) - TABLE_KEYS
+    if unknown:
+        raise UserError(f"{where}: unknown key {sorted(unknown)[0]!r}; valid keys: "
+                        f"{', '.join(sorted(TABLE_KEYS))}")
+    if "task" not in table:
+        raise UserError(f"{where}: 'task' is required")
+
+    def listed(key):  # a TOML list or the command line's comma-separated text
+        value = table.get(key)
+        return None if value is None else ",".join(map(str, value)) if isinstance(
+            value, list) else str(value)
+
+    grid = Grid(task=table["task"])
+    return _apply(grid, where, models=listed("models"), layers=listed("layers"),
+                  heads=listed("heads"), lrs=listed("lrs"), seeds=listed("seeds"),
+                  d_model=table.get("d_model"), steps=table.get("steps"),
+                  batch_size=table.get("batch_size"), preset=table.get("preset"),
+                  sets=list(table.get("set", [])),
+                  grid={key: [str(v) for v in (values if isinstance(values, list) else [values])]
+                        for key, values in table.get("grid", {}).items()},
+                  until_solved=table.get("until_solved"))
+
+
+def _apply(target: Grid, where: str, **values) -> Grid:
+    """Set the given (not None) values on a grid, parsing the comma-separated list options."""
+    from pathbench.runners.config import PRESETS
+
+    parsers = {
+        "models": lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        "layers": lambda text: parse_int_list(text, f"{where}: layers"),
+        "heads": lambda text: parse_int_list(text, f"{where}: heads"),
+        "seeds": lambda text: parse_int_list(text, f"{where}: seeds"),
+        "lrs": lambda text: parse_float_list(text, f"{where}: lrs"),
+    }
+    for key, value in values.items():
+        if value is None:
+            continue
+        if key in parsers:
+            value = parsers[key](value)
+        elif key in ("d_model", "steps", "batch_size") and (
+                isinstance(value, bool) or not isinstance(value, int)):
+            raise UserError(f"{where}: {key} must be an integer, got {value!r}")
+        elif key == "preset" and value not in PRESETS:
+            raise UserError(f"{where}: unknown preset {value!r}; valid: {', '.join(PRESETS)}")
+        elif key == "until_solved" and not isinstance(value, bool):
+            raise UserError(f"{where}: until_solved must be true or false, got {value!r}")
+        elif key == "grid":
+            for name in value:
+                parse_grid_options([f"{name}=x"])  # checks the SECTION.KEY form
+        setattr(target, key, value)
+    return target
+
+
+# --- executors ------------------------------------------------------------------------------
+
+
+def _serve(connection, threads: int) -> None:
+    """A local worker: trains the runs it is sent, one at a time, and reports each outcome."""
+    import torch
+
+    torch.set_num_threads(threads)
+    while True:
+        message = connection.recv()
+        if message is None:
+            return
+        config, out = message
+        record = execute_run(config, Path(out), progress=False)
+        connection.send(_summary(record))
+
+
+def _summary(record: dict) -> dict:
+    return {"run_id": record["run_id"], "status": record["status"], "reason": record["reason"]}
+
+
+class LocalPool:
+    """``workers`` processes (spawned, so CUDA works in them) that train runs in parallel."""
+
+    def __init__(self, workers: int):
+        self.context = multiprocessing.get_context("spawn")
+        self.threads = max(1, (os.cpu_count() or 1) // workers)
+        self.workers = [self._start() for _ in range(workers)]
+
+    def _start(self):
+        parent_end, child_end = self.context.Pipe()
+        process = self.context.Process(target=_serve, args=(child_end, self.threads),
+                                       daemon=True)
+        process.start()
+        child_end.close()
+        return {"process": process, "connection": parent_end, "run": None}
+
+    def run(self, configs: list[dict], out: Path, report) -> None:
+        """Train every config; ``report(run_id, summary or None)`` is called as each ends
+        (None: the worker died, the run is not done)."""
+        pending = list(reversed(configs))
+        while pending or any(worker["run"] for worker in self.workers):
+            for index, worker in enumerate(self.workers):
+                if worker["run"] is None and pending:
+                    if not worker["process"].is_alive():  # died while idle
+                        self.workers[index] = worker = self._start()
+                    config = pending.pop()
+                    worker["run"] = run_id(config)
+                    worker["connection"].send((config, str(out)))
+            busy = [worker for worker in self.workers if worker["run"]]
+            ready = wait([w["connection"] for w in busy] + [w["process"].sentinel for w in busy])
+            for index, worker in enumerate(self.workers):
+                if worker["run"] is None:
+                    continue
+                if worker["connection"] in ready or worker["process"].sentinel in ready:
+                    try:
+                        summary = worker["connection"].recv()
+                    except (EOFError, OSError):  # the worker died mid-run
+                        summary = None
+                        worker["process"].join()
+                        self.workers[index] = worker = {**self._start(), "run": worker["run"]}
+                    report(worker["run"], summary)
+                    worker["run"] = None
+
+    def close(self) -> None:
+        for worker in self.workers:
+            if worker["process"].is_alive():
+                try:
+                    worker["connection"].send(None)
+                except OSError:
+                    pass
+        for worker in self.workers:
+            worker["process"].join(timeout=5)
+            if worker["process"].is_alive():
+                worker["process"].kill()
+
+
+def _submitit_job(config: dict, out: str) -> dict:
+    return _summary(execute_run(config, Path(out), progress=False))
+
+
+def run_slurm(configs: list[dict], out: Path, workers: int, params: dict, report) -> None:
+    """One submitit array job per run; waits for all of them, reporting each as it ends."""
+    try:
+        import submitit
+    except ModuleNotFoundError:
+        raise UserError("--executor slurm needs submitit: pip install 'pathbench[slurm]'") from None
+    import time
+
+    executor = submitit.AutoExecutor(folder=out / ".submitit", cluster=SUBMITIT_CLUSTER)
+    try:
+        executor.update_parameters(slurm_array_parallelism=workers, name="pathbench", **params)
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"bad --slurm parameter: {' '.join(str(exc).split())}") from None
+    jobs = executor.map_array(_submitit_job, configs, [str(out)] * len(configs))
+    remaining = dict(zip(jobs, (run_id(config) for config in configs)))
+    while remaining:
+        for job in [job for job in remaining if job.done()]:
+            name = remaining.pop(job)
+            try:
+                report(name, job.result())
+            except Exception as exc:  # the job itself died: timeout, preemption, node failure
+                tqdm.write(f"{name}: job {job.job_id} ended without a record ({exc})")
+                report(name, None)
+        time.sleep(1)
+
+
+def parse_slurm_params(items) -> dict:
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--slurm expects KEY=VALUE, got {item!r}")
+        for convert in (int, float):
+            try:
+                value = convert(value)
+                break
+            except ValueError:
+                continue
+        params[key.strip()] = value
+    return params
+
+
+# --- the sweep ------------------------------------------------------------------------------
+
+
+def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, executor: str,
+              slurm_params: dict, dry_run: bool = False) -> Counter:
+    """Resolve every grid, skip finished runs, run the rest; returns counts by outcome."""
+    if workers < 1:
+        raise UserError(f"--workers must be >= 1, got {workers}")
+    device = resolve_device(device) if executor == "local" else device
+    if device == "auto":  # on Slurm the compute node decides; presets must then be explicit
+        device = "cuda"
+    planned = [(grid, grid.configs(device)) for grid in grids]
+    total = sum(len(configs) for _, configs in planned)
+    counts: Counter = Counter()
+    for grid, configs in planned:
+        done = [config for config in configs if _is_done(out / run_id(config))]
+        counts["already done"] += len(done)
+        click.echo(f"sweep {grid.task}: {len(configs)} runs, {len(done)} already done", err=True)
+    if dry_run:
+        for _, configs in planned:
+            for config in configs:
+                mark = "done" if (out / run_id(config) / store.RESULT_FILE).exists() else "todo"
+                click.echo(f"{mark}  {run_id(config)}")
+        return counts
+
+    bar = tqdm(total=total, initial=counts["already done"], desc="sweep", unit="run",
+               dynamic_ncols=True)
+
+    def report(name: str, summary: dict | None) -> None:
+        status = summary["status"] if summary else "lost"
+        counts[status] += 1
+        if status != "ok":
+            reason = summary["reason"] if summary else "its worker died; rerun the sweep"
+            tqdm.write(f"{name}: {status}: {reason}")
+        bar.update(1)
+        bar.set_postfix({key: value for key, value in counts.items() if key != "already done"})
+
+    pool = LocalPool(min(workers, total)) if executor == "local" and total else None
+    try:
+        for grid, configs in planned:
+            for wave in _waves(grid, configs, out):
+                todo = [config for config in wave if not _is_done(out / run_id(config))]
+                if not todo:
+                    continue
+                if executor == "local":
+                    pool.run(todo, out, report)
+                else:
+                    run_slurm(todo, out, workers, slurm_params, report)
+    finally:
+        if pool is not None:
+            pool.close()
+        bar.close()
+    return counts
+
+
+def _is_done(run_dir: Path) -> bool:
+    try:
+        return store.is_done(run_dir)
+    except store.CorruptRecord as exc:
+        aside = store.set_aside_corrupt(run_dir)
+        tqdm.write(f"{exc}\n  moved to {aside}; that run is redone")
+        return False
+
+
+def _waves(grid: Grid, configs: list[dict], out: Path):
+    """All configs at once, or (--until-solved) one layer count at a time, dropping the deeper
+    runs of every model that has solved the task."""
+    if not grid.until_solved:
+        yield configs
+        return
+    from pathbench.runners.report import load_frame, solved_cells
+
+    solved: set = set()
+    for layers in sorted({config["model"]["layers"] for config in configs}):
+        wave = [config for config in configs if config["model"]["layers"] == layers]
+        wave = [config for config in wave if _depth_free_cell(config) not in solved]
+        yield wave
+        names = {run_id(config) for config in wave}
+        frame = load_frame(out, only=names)
+        solved |= solved_cells(frame)
+
+
+def _depth_free_cell(config: dict) -> str:
+    from pathbench.runners.report import depth_free_cell
+
+    return depth_free_cell(config)
+
+
+@click.command()
+@click.argument("task", required=False)
+@click.option("--models", default=None, help="Attention variants, comma-separated (path,rope).")
+@click.option("--layers", default=None, help="Layer counts: 1-6, 1,2,4 or 1-3,6.")
+@click.option("--heads", default=None, help="Head counts, e.g. 1,2.")
+@click.option("--lrs", default=None, help="Learning rates, e.g. 1e-3,3e-4.")
+@click.option("--seeds", default="0", show_default=True, help="Seeds, e.g. 0-2.")
+@click.option("--grid", "grid_options", multiple=True, metavar="SECTION.KEY=V1,V2",
+              help="Also sweep any task./model./train. setting (repeatable).")
+@click.option("--until-solved", is_flag=True, default=None,
+              help="Stop adding layers to a model once it solves the task.")
+@shared_options
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Runs at once (local processes, or concurrent Slurm jobs).")
+@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True)
+@click.option("--slurm", "slurm_options", multiple=True, metavar="KEY=VALUE",
+              help="submitit executor parameter, e.g. slurm_partition=gpu (repeatable).")
+@click.option("--file", "sweep_file", default=None,
+              help="Run the sweeps a TOML file defines (a path, or a shipped name: paper).")
+@click.option("--dry-run", is_flag=True, help="List the runs and whether each is done; run none.")
+@click.pass_context
+def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solved, d_model,
+          steps, batch_size, device, preset, out, sets, workers, executor, slurm_options,
+          sweep_file, dry_run):
+    """Run a grid of runs over TASK (or the sweeps of --file); finished runs are skipped."""
+
+    def given(name):
+        return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+    grid_values = dict(models=models, layers=layers, heads=heads, lrs=lrs, d_model=d_model,
+                       steps=steps, batch_size=batch_size, preset=preset,
+                       grid=parse_grid_options(grid_options) or None,
+                       until_solved=until_solved, seeds=seeds)
+    if sweep_file is not None:
+        if task is not None:
+            raise UserError("give either TASK or --file, not both")
+        settings, grids = load_sweep_file(find_sweep_file(sweep_file))
+        overrides = {key: value for key, value in grid_values.items()
+                     if given("grid_options" if key == "grid" else key)}
+        for grid in grids:
+            _apply(grid, "--file", **overrides)
+            grid.sets = [*grid.sets, *sets]
+        out = out if given("out") else Path(settings.get("out", out))
+        workers = workers if given("workers") else settings.get("workers", workers)
+        device = device if given("device") else settings.get("device", device)
+        executor = executor if given("executor") else settings.get("executor", executor)
+        if device not in DEVICES or executor not in EXECUTORS:
+            raise UserError(f"sweep file: device must be one of {', '.join(DEVICES)} and "
+                            f"executor one of {', '.join(EXECUTORS)}")
+    else:
+        if task is None:
+            raise UserError("give a TASK to sweep over, or --file NAME")
+        grids = [_apply(Grid(task=task, sets=list(sets)), "sweep", **grid_values)]
+
+    counts = run_grids(grids, out=out, device=device, workers=workers, executor=executor,
+                       slurm_params=parse_slurm_params(slurm_options), dry_run=dry_run)
+    if dry_run:
+        return
+    summary = ", ".join(f"{value} {key}" for key, value in counts.items() if value)
+    click.echo(f"sweep finished: {summary or 'nothing to do'}; records in {out}")
+    if counts["lost"]:
+        click.echo(f"{counts['lost']} runs did not finish; run the same command again to finish "
+                   f"them", err=True)
+        sys.exit(1)
