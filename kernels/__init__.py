@@ -23,6 +23,7 @@ from pathbench.kernels.recurrent import RecurrentCache
 from pathbench.kernels.reference import path_attention_reference, path_logits
 from pathbench.kernels.softmax import (
     apply_rope,
+    compute_dtype,
     sba_attention,
     sba_log_weights,
     softmax_attention,
@@ -35,6 +36,7 @@ __all__ = [
     "RecurrentCache",
     "apply_rope",
     "attention_probs",
+    "compute_dtype",
     "path_attention",
     "path_attention_blockwise",
     "path_attention_reference",

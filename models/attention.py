@@ -18,6 +18,7 @@ from torch import nn
 
 from pathbench.kernels import (
     RecurrentCache,
+    compute_dtype,
     apply_rope,
     attention_probs,
     path_attention,
@@ -132,9 +133,10 @@ class PathFamilyAttention(Attention):
 
     - forget gate: f_t = sigmoid(u_f . x_t + b_f) per head, added to the logits as
       G_i - G_j with G = cumsum(log f) (log f computed as logsigmoid, never as log(sigmoid)).
-    - Householder: H_t = I - beta_t w_t w_t^T, w_t = per-head L2 normalisation (in float32) of
-      a causal depthwise convolution (width 3, over time) of a rank-32 map of x_t, and
-      beta_t = 2 sigmoid(u_b . x_t + b_b) per head, clipped at config.beta_max.
+    - Householder: H_t = I - beta_t w_t w_t^T, w_t = per-head L2 normalisation (in float32,
+      or float64 for a float64 model) of a causal depthwise convolution (width 3, over time)
+      of a rank-32 map of x_t, and beta_t = 2 sigmoid(u_b . x_t + b_b) per head, clipped at
+      config.beta_max.
     """
 
     householder = False
@@ -163,16 +165,18 @@ class PathFamilyAttention(Attention):
         the first token); the returned one ends with x, for the next decoding step.
         """
         w = beta = log_fgate = None
+        dtype = compute_dtype(x.dtype)  # float32, or float64 for a float64 model
         if self.forget_gate:
-            log_fgate = F.logsigmoid(self.fgate(x).float())
+            log_fgate = F.logsigmoid(self.fgate(x).to(dtype))
         if self.householder:
             low_rank = self.w_up(self.w_down(x))  # [B, T, d_model]
             if recent is None:
                 recent = low_rank.new_zeros(x.shape[0], W_CONV_WIDTH - 1, x.shape[-1])
             window = torch.cat([recent, low_rank], dim=1)  # [B, T + 2, d_model]
             conv = F.conv1d(window.transpose(1, 2), self.w_conv, groups=window.shape[-1])
-            w = F.normalize(conv.transpose(1, 2).float().unflatten(-1, (self.heads, self.head_dim)), dim=-1)
-            beta = (2 * torch.sigmoid(self.beta(x).float())).clamp(max=self.beta_max)
+            conv = conv.transpose(1, 2).to(dtype).unflatten(-1, (self.heads, self.head_dim))
+            w = F.normalize(conv, dim=-1)
+            beta = (2 * torch.sigmoid(self.beta(x).to(dtype))).clamp(max=self.beta_max)
             recent = window[:, -(W_CONV_WIDTH - 1):]
         return w, beta, log_fgate, recent
 

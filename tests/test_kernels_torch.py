@@ -27,7 +27,16 @@ from pathbench.kernels import (
     softmax_attention,
 )
 
-torch.set_num_threads(2)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread is as fast, and immune to other processes on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 F64 = torch.float64
 
 

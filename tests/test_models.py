@@ -1,0 +1,173 @@
+"""The transformer and its attention variants: shapes, sizes, causality, decoding, config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pathbench import UserError
+from pathbench.models import (
+    ATTENTIONS,
+    ModelConfig,
+    build_model,
+    count_parameters,
+    describe_models,
+    model_config,
+)
+
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread is as fast, and immune to other processes on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+VARIANTS = ["nope", "rope", "sba", "fox", "path", "path_fox"]
+VOCAB = 11
+
+
+def make_model(attention, dtype=torch.float64, seed=0, **sizes):
+    torch.manual_seed(seed)
+    config = model_config({"attention": attention, "vocab_size": VOCAB, **sizes})
+    return build_model(config).to(dtype)
+
+
+def random_tokens(B=2, T=70, seed=0):
+    return torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_builtin_variants_are_registered():
+    assert ATTENTIONS.names()[:6] == VARIANTS
+    assert all(ATTENTIONS.origin(name) == "built-in" for name in VARIANTS)
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_forward_backward_and_parameter_count(attention):
+    model = make_model(attention, dtype=torch.float32, layers=2, heads=2, d_model=64)
+    logits = model(random_tokens())
+    assert logits.shape == (2, 70, VOCAB) and logits.dtype == torch.float32
+    assert torch.isfinite(logits).all()
+    logits.logsumexp(-1).mean().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+    d, heads, layers = 64, 2, 2
+    per_layer = 12 * d * d + 2 * d  # q, k, v, out projections, MLP (ratio 4), two norms
+    if attention in ("fox", "path_fox"):
+        per_layer += d * heads + heads  # forget gate
+    if attention in ("path", "path_fox"):
+        per_layer += 2 * 32 * d + 3 * d + d * heads + heads  # low-rank w, its conv, beta
+    assert count_parameters(model) == 2 * VOCAB * d + d + layers * per_layer
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_future_tokens_do_not_change_earlier_logits(attention):
+    model = make_model(attention, layers=2)
+    tokens = random_tokens()
+    changed = tokens.clone()
+    changed[:, 40] = (changed[:, 40] + 1) % VOCAB
+    before, after = model(tokens), model(changed)
+    torch.testing.assert_close(after[:, :40], before[:, :40], rtol=0, atol=1e-12)
+    assert (after[:, 40] - before[:, 40]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_step_by_step_decoding_equals_forward(attention):
+    model = make_model(attention, layers=2)
+    tokens = random_tokens(T=70)  # longer than one block of the blockwise PaTH
+    expected = model(tokens)
+    states = model.start_decoding()
+    with torch.no_grad():
+        steps = torch.stack([model.decode_step(tokens[:, t], states) for t in range(70)], dim=1)
+    torch.testing.assert_close(steps, expected, rtol=0, atol=1e-10)
+
+
+def test_generate_greedy_continues_with_forward_argmax():
+    model = make_model("path_fox", layers=2)
+    prefix = random_tokens(T=9)
+    generated = model.generate(prefix, num_new_tokens=6)
+    assert generated.shape == (2, 15)
+    assert torch.equal(generated[:, :9], prefix)
+    with torch.no_grad():
+        for t in range(9, 15):
+            assert torch.equal(generated[:, t], model(generated[:, :t])[:, -1].argmax(-1))
+
+
+def test_generate_sampling_is_reproducible_with_a_generator():
+    model = make_model("rope", dtype=torch.float32)
+    prefix = random_tokens(T=5)
+    draws = [model.generate(prefix, 8, greedy=False, generator=torch.Generator().manual_seed(1))
+             for _ in range(2)]
+    assert torch.equal(draws[0], draws[1])
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
+def test_attention_maps(attention):
+    model = make_model(attention, layers=2, heads=4)
+    maps = model.attention_maps(random_tokens(T=20))
+    assert len(maps) == 2
+    for probs in maps:
+        assert probs.shape == (2, 4, 20, 20)
+        assert torch.equal(probs.triu(1), torch.zeros_like(probs))
+        row_sums = probs.sum(-1)
+        if attention == "sba":
+            assert (row_sums <= 1 + 1e-12).all()
+        else:
+            torch.testing.assert_close(row_sums, torch.ones_like(row_sums))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_models(dtype):
+    for attention in VARIANTS:
+        model = make_model(attention, dtype=dtype)
+        logits = model(random_tokens())
+        assert logits.dtype == dtype and torch.isfinite(logits.float()).all()
+
+
+def test_beta_max_clips_beta():
+    model = make_model("path", beta_max=0.5)
+    layer = model.blocks[0].attn
+    layer.beta.bias.data.fill_(10.0)  # unclipped beta would be close to 2
+    x = torch.randn(2, 30, 64, dtype=torch.float64)
+    _, beta, _, _ = layer.position_inputs(x)
+    assert beta.max() == 0.5
+
+
+def test_config_defaults_and_string_values():
+    assert model_config({"vocab_size": 5}) == ModelConfig(vocab_size=5)
+    config = model_config({"vocab_size": "7", "layers": "3", "beta_max": "1.5", "heads": 4.0})
+    assert (config.vocab_size, config.layers, config.beta_max, config.heads) == (7, 3, 1.5, 4)
+    assert config.to_dict()["attention"] == "path"
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"vocab_size": 5, "depth": 2}, "unknown model config key 'depth'; valid keys: vocab_size"),
+        ({"layers": 2}, "needs 'vocab_size'"),
+        ({"vocab_size": 5, "attention": "alibi"}, "unknown attention 'alibi'; valid choices: fox, "),
+        ({"vocab_size": 5, "layers": "two"}, "'layers' must be of type int, got 'two'"),
+        ({"vocab_size": 5, "layers": 1.5}, "'layers' must be of type int"),
+        ({"vocab_size": 5, "layers": True}, "'layers' must be of type int"),
+        ({"vocab_size": 5, "layers": 0}, "'layers' must be a positive integer"),
+        ({"vocab_size": 5, "d_model": 64, "heads": 3}, "'d_model' \\(64\\) must be divisible by 'heads' \\(3\\)"),
+        ({"vocab_size": 5, "attention": "rope", "d_model": 30, "heads": 2}, "rope needs an even head"),
+        ({"vocab_size": 5, "beta_max": 2.5}, "'beta_max' must be in \\(0, 2\\]"),
+        ({"vocab_size": 5, "beta_max": 0}, "'beta_max' must be in \\(0, 2\\]"),
+    ],
+)
+def test_config_errors_name_the_problem(values, message):
+    with pytest.raises(UserError, match=message):
+        model_config(values)
+
+
+def test_describe_models():
+    rows = describe_models(layers=2, heads=2, d_model=64, vocab_size=VOCAB)
+    assert [row["name"] for row in rows][:6] == VARIANTS
+    for row in rows[:6]:
+        assert row["origin"] == "built-in"
+        assert row["parameters"] == count_parameters(make_model(row["name"], layers=2))
+    with pytest.raises(UserError, match="divisible"):
+        describe_models(layers=1, heads=3, d_model=64, vocab_size=VOCAB)
