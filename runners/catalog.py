@@ -32,9 +32,42 @@ SUFFIXES = (".npz", ".parquet")
 
 
 @click.command()
-def ls():
-    """List the registered tasks: origin, version, description and default config."""
-    click.echo("\n".join(task_listing()))
+@click.option("--models", is_flag=True,
+              help="List the attention variants and their parameter counts instead of the tasks.")
+@click.option("--layers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Model size for --models.")
+@click.option("--heads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Model size for --models.")
+@click.option("--d-model", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Model size for --models.")
+@click.option("--vocab-size", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Model size for --models.")
+def ls(models, layers, heads, d_model, vocab_size):
+    """List the registered tasks: origin, version, description and default config.
+
+    With --models, list the attention variants instead, with the parameter count of a whole
+    model of the given size.
+    """
+    if models:
+        click.echo("\n".join(model_listing(layers, heads, d_model, vocab_size)))
+    else:
+        click.echo("\n".join(task_listing()))
+
+
+def model_listing(layers: int, heads: int, d_model: int, vocab_size: int) -> list[str]:
+    """One line per attention variant; a plugin that fails to load is listed with its error."""
+    from pathbench.models import describe_models  # imports torch: only when asked
+
+    rows = describe_models(layers, heads, d_model, vocab_size)
+    lines = [
+        "Attention variants (origin: built-in, or the plugin package that provides it), "
+        f"parameters at layers={layers} heads={heads} d_model={d_model} vocab_size={vocab_size}:"
+    ]
+    width = max(len(row["name"]) for row in rows)
+    for row in rows:
+        size = f"{row['parameters']:>10,}" if row["parameters"] is not None else "error: " + row["error"]
+        lines.append(f"  {row['name']:<{width}}  {size}  ({row['origin']})")
+    return lines
 
 
 def task_listing() -> list[str]:
