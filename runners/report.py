@@ -79,8 +79,12 @@ def _hashable(value):
 
 def load_frame(root: Path, only: set[str] | None = None) -> pd.DataFrame:
     """Every run record under ``root`` (or only the named runs) as a frame, one row a run."""
-    rows = [record_row(record) for record in store.iter_results(root)
-            if only is None or record.get("run_id") in only]
+    rows = []
+    for run_dir in store.find_run_dirs(root):
+        if only is None or run_dir.name in only:
+            record = store.read_result(run_dir)
+            record["run_dir"] = str(run_dir)
+            rows.append(record_row(record))
     return pd.DataFrame(rows)
 
 

@@ -26,7 +26,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from pathbench import UserError
 
@@ -39,12 +39,23 @@ CORRUPT_SUFFIX = ".corrupt"
 DEFAULT_OUT = Path("results/runs")
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates files readable by the owner only; records get the usual permissions.
+FILE_MODE = 0o666 & ~_current_umask()
+
+
 def write_atomic(path: Path, write: Callable) -> None:
     """Write a file through ``write(file_object)`` into a temporary sibling, then rename it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as file:
             write(file)
             file.flush()
@@ -123,13 +134,6 @@ def find_run_dirs(root: Path) -> list[Path]:
     if (root / RESULT_FILE).exists():
         return [root]
     return sorted(path.parent for path in root.rglob(RESULT_FILE))
-
-
-def iter_results(root: Path) -> Iterator[dict]:
-    for run_dir in find_run_dirs(root):
-        result = read_result(run_dir)
-        result["run_dir"] = str(run_dir)
-        yield result
 
 
 class CurveWriter:

@@ -172,7 +172,7 @@ def _grid_from_table(table: dict, where: str) -> Grid:
             value, list) else str(value)
 
     grid = Grid(task=table["task"])
-    return _apply(grid, where, models=listed("models"), layers=listed("layers"),
+    return _apply(grid, f"{where}: ", models=listed("models"), layers=listed("layers"),
                   heads=listed("heads"), lrs=listed("lrs"), seeds=listed("seeds"),
                   d_model=table.get("d_model"), steps=table.get("steps"),
                   batch_size=table.get("batch_size"), preset=table.get("preset"),
@@ -182,16 +182,17 @@ def _grid_from_table(table: dict, where: str) -> Grid:
                   until_solved=table.get("until_solved"))
 
 
-def _apply(target: Grid, where: str, **values) -> Grid:
-    """Set the given (not None) values on a grid, parsing the comma-separated list options."""
+def _apply(target: Grid, prefix: str, **values) -> Grid:
+    """Set the given (not None) values on a grid, parsing the comma-separated list options.
+    ``prefix`` + key names a value in messages: "--layers" or "sweep file F: layers"."""
     from pathbench.runners.config import PRESETS
 
     parsers = {
         "models": lambda text: [name.strip() for name in text.split(",") if name.strip()],
-        "layers": lambda text: parse_int_list(text, f"{where}: layers"),
-        "heads": lambda text: parse_int_list(text, f"{where}: heads"),
-        "seeds": lambda text: parse_int_list(text, f"{where}: seeds"),
-        "lrs": lambda text: parse_float_list(text, f"{where}: lrs"),
+        "layers": lambda text: parse_int_list(text, f"{prefix}layers"),
+        "heads": lambda text: parse_int_list(text, f"{prefix}heads"),
+        "seeds": lambda text: parse_int_list(text, f"{prefix}seeds"),
+        "lrs": lambda text: parse_float_list(text, f"{prefix}lrs"),
     }
     for key, value in values.items():
         if value is None:
@@ -200,11 +201,11 @@ def _apply(target: Grid, where: str, **values) -> Grid:
             value = parsers[key](value)
         elif key in ("d_model", "steps", "batch_size") and (
                 isinstance(value, bool) or not isinstance(value, int)):
-            raise UserError(f"{where}: {key} must be an integer, got {value!r}")
+            raise UserError(f"{prefix}{key} must be an integer, got {value!r}")
         elif key == "preset" and value not in PRESETS:
-            raise UserError(f"{where}: unknown preset {value!r}; valid: {', '.join(PRESETS)}")
+            raise UserError(f"{prefix}preset: unknown preset {value!r}; valid: {', '.join(PRESETS)}")
         elif key == "until_solved" and not isinstance(value, bool):
-            raise UserError(f"{where}: until_solved must be true or false, got {value!r}")
+            raise UserError(f"{prefix}until_solved must be true or false, got {value!r}")
         elif key == "grid":
             for name in value:
                 parse_grid_options([f"{name}=x"])  # checks the SECTION.KEY form
@@ -314,7 +315,7 @@ def run_slurm(configs: list[dict], out: Path, workers: int, params: dict, report
             try:
                 report(name, job.result())
             except Exception as exc:  # the job itself died: timeout, preemption, node failure
-                tqdm.write(f"{name}: job {job.job_id} ended without a record ({exc})")
+                tqdm.write(f"{name}: job {job.job_id} ended without a record ({exc})", file=sys.stderr)
                 report(name, None)
         time.sleep(1)
 
@@ -368,21 +369,36 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
         counts[status] += 1
         if status != "ok":
             reason = summary["reason"] if summary else "its worker died; rerun the sweep"
-            tqdm.write(f"{name}: {status}: {reason}")
+            tqdm.write(f"{name}: {status}: {reason}", file=sys.stderr)
         bar.update(1)
         bar.set_postfix({key: value for key, value in counts.items() if key != "already done"})
 
-    pool = LocalPool(min(workers, total)) if executor == "local" and total else None
+    # One worker trains in this process; more are separate processes.
+    pool = LocalPool(min(workers, total)) if executor == "local" and workers > 1 else None
     try:
-        for grid, configs in planned:
-            for wave in _waves(grid, configs, out):
-                todo = [config for config in wave if not _is_done(out / run_id(config))]
-                if not todo:
-                    continue
-                if executor == "local":
-                    pool.run(todo, out, report)
-                else:
-                    run_slurm(todo, out, workers, slurm_params, report)
+        # The grids advance together, one round at a time: a round holds the next wave of every
+        # grid (all of a plain grid's runs; one layer count of an --until-solved grid), so
+        # that the workers stay busy across grids.
+        waves = [_waves(grid, configs, out) for grid, configs in planned]
+        for round_waves in itertools.zip_longest(*waves, fillvalue=([], 0)):
+            todo = [config for wave, _ in round_waves for config in wave
+                    if not _is_done(out / run_id(config))]
+            skipped = sum(dropped for _, dropped in round_waves)
+            if skipped:
+                counts["skipped (solved at fewer layers)"] += skipped
+                bar.total -= skipped
+                bar.refresh()
+            # Longest runs first, so that the last ones to finish are short.
+            todo.sort(key=run_cost, reverse=True)
+            if not todo:
+                continue
+            if pool is not None:
+                pool.run(todo, out, report)
+            elif executor == "local":
+                for config in todo:
+                    report(run_id(config), _summary(execute_run(config, out, progress=False)))
+            else:
+                run_slurm(todo, out, workers, slurm_params, report)
     finally:
         if pool is not None:
             pool.close()
@@ -390,31 +406,39 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
     return counts
 
 
+def run_cost(config: dict) -> int:
+    """A rough measure of a run's work: tokens trained times layers times width."""
+    train, model = config["train"], config["model"]
+    length = config["task"]["config"].get("length", 1)
+    return train["steps"] * train["batch_size"] * length * model["layers"] * model["d_model"]
+
+
 def _is_done(run_dir: Path) -> bool:
     try:
         return store.is_done(run_dir)
     except store.CorruptRecord as exc:
         aside = store.set_aside_corrupt(run_dir)
-        tqdm.write(f"{exc}\n  moved to {aside}; that run is redone")
+        tqdm.write(f"{exc}\n  moved to {aside}; that run is redone", file=sys.stderr)
         return False
 
 
 def _waves(grid: Grid, configs: list[dict], out: Path):
-    """All configs at once, or (--until-solved) one layer count at a time, dropping the deeper
-    runs of every model that has solved the task."""
+    """Yield (runs to do next, number of not-yet-done runs dropped as unnecessary): all the
+    configs at once or, with --until-solved, one layer count at a time without the deeper runs
+    of every model that has solved the task. Each wave's records must exist before the next
+    wave is asked for."""
     if not grid.until_solved:
-        yield configs
+        yield configs, 0
         return
     from pathbench.runners.report import load_frame, solved_cells
 
     solved: set = set()
     for layers in sorted({config["model"]["layers"] for config in configs}):
-        wave = [config for config in configs if config["model"]["layers"] == layers]
-        wave = [config for config in wave if _depth_free_cell(config) not in solved]
-        yield wave
-        names = {run_id(config) for config in wave}
-        frame = load_frame(out, only=names)
-        solved |= solved_cells(frame)
+        at_depth = [config for config in configs if config["model"]["layers"] == layers]
+        wave = [config for config in at_depth if _depth_free_cell(config) not in solved]
+        dropped = [config for config in at_depth if _depth_free_cell(config) in solved]
+        yield wave, sum(not (out / run_id(c) / store.RESULT_FILE).exists() for c in dropped)
+        solved |= solved_cells(load_frame(out, only={run_id(config) for config in wave}))
 
 
 def _depth_free_cell(config: dict) -> str:
@@ -463,7 +487,7 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
         overrides = {key: value for key, value in grid_values.items()
                      if given("grid_options" if key == "grid" else key)}
         for grid in grids:
-            _apply(grid, "--file", **overrides)
+            _apply(grid, "--", **overrides)
             grid.sets = [*grid.sets, *sets]
         out = out if given("out") else Path(settings.get("out", out))
         workers = workers if given("workers") else settings.get("workers", workers)
@@ -475,7 +499,7 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
     else:
         if task is None:
             raise UserError("give a TASK to sweep over, or --file NAME")
-        grids = [_apply(Grid(task=task, sets=list(sets)), "sweep", **grid_values)]
+        grids = [_apply(Grid(task=task, sets=list(sets)), "--", **grid_values)]
 
     counts = run_grids(grids, out=out, device=device, workers=workers, executor=executor,
                        slurm_params=parse_slurm_params(slurm_options), dry_run=dry_run)

@@ -1,0 +1,196 @@
+"""Runners without training: configuration resolution, option parsing, the results store, the
+sweep's file format and its --until-solved schedule."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from pathbench import UserError
+from pathbench.runners import store
+from pathbench.runners.config import (
+    parse_float_list,
+    parse_int_list,
+    parse_sets,
+    resolve_run,
+    run_id,
+    train_config,
+)
+from pathbench.runners.report import aggregate, load_frame, min_layers_table, solved_cells
+from pathbench.runners.sweep import Grid, _waves, find_sweep_file, load_sweep_file
+
+
+# --- options and configuration ---------------------------------------------------------------
+
+
+def test_int_lists_and_ranges():
+    assert parse_int_list("1-6", "--layers") == [1, 2, 3, 4, 5, 6]
+    assert parse_int_list("4,1,2", "--heads") == [1, 2, 4]
+    assert parse_int_list("1-3,6", "--layers") == [1, 2, 3, 6]
+    assert parse_float_list("1e-3,3e-4", "--lrs") == [1e-3, 3e-4]
+    for bad in ("6-1", "a", "1-", "1,,2"):
+        with pytest.raises(UserError, match="--layers"):
+            parse_int_list(bad, "--layers")
+    with pytest.raises(UserError, match="--lrs"):
+        parse_float_list("0.1,x", "--lrs")
+
+
+def test_set_items_are_parsed_and_checked():
+    assert parse_sets(["task.length=64", "train.lr=1e-3", "model.beta_max=1.5"]) == {
+        "task": {"length": "64"}, "model": {"beta_max": "1.5"}, "train": {"lr": "1e-3"}}
+    for bad in ("length=64", "optim.lr=1", "task.length", "task.=3", "task.length="):
+        with pytest.raises(UserError, match="--set expects"):
+            parse_sets([bad])
+
+
+def test_later_sources_win():
+    """defaults < task run_defaults < preset < command-line options < --set."""
+    paper = resolve_run("flipflop", device="cuda")
+    assert paper["preset"] == "paper"
+    assert paper["model"] | {"vocab_size": None} == paper["model"] | {
+        "attention": "path", "layers": 1, "heads": 2, "d_model": 64, "vocab_size": None}
+    assert paper["task"]["config"]["length"] == 512  # the paper's setting
+    cpu = resolve_run("flipflop", device="cpu")
+    assert cpu["preset"] == "cpu"
+    forced = resolve_run("flipflop", device="cpu", preset="paper")
+    assert forced["task"] == paper["task"] and forced["train"] == paper["train"]
+
+    options = resolve_run("flipflop", device="cpu", options={"lr": 3e-3, "layers": 2})
+    assert options["train"]["lr"] == 3e-3 and options["model"]["layers"] == 2
+    both = resolve_run("flipflop", device="cpu", options={"lr": 3e-3},
+                       sets=parse_sets(["train.lr=5e-3", "task.length=32", "model.heads=4"]))
+    assert both["train"]["lr"] == 5e-3
+    assert both["task"]["config"]["length"] == 32 and both["model"]["heads"] == 4
+    assert both["model"]["vocab_size"] == 5  # from the task's vocabulary
+
+
+def test_run_id_is_deterministic_and_names_the_run():
+    first = resolve_run("flipflop", device="cpu", seed=1)
+    again = resolve_run("flipflop", device="cpu", seed=1)
+    assert run_id(first) == run_id(again)
+    assert run_id(first).startswith("flipflop-path-L1-H2-D64-lr0.001-s1-")
+    assert run_id(resolve_run("flipflop", device="cpu", seed=2)) != run_id(first)
+    # The device is where a run happens, not what it is.
+    assert run_id({**first, "device": "cuda"}) == run_id(first)
+
+
+def test_strict_configuration_errors():
+    with pytest.raises(UserError, match="unknown task 'nosuch'; valid choices: .*flipflop"):
+        resolve_run("nosuch", device="cpu")
+    with pytest.raises(UserError, match="unknown attention 'nosuch'"):
+        resolve_run("flipflop", device="cpu", options={"model": "nosuch"})
+    with pytest.raises(UserError, match="unknown train setting 'lrate'; valid settings: steps"):
+        resolve_run("flipflop", device="cpu", sets=parse_sets(["train.lrate=1"]))
+    with pytest.raises(UserError, match="train.steps expects int, got 'many'"):
+        train_config({"steps": "many"})
+    with pytest.raises(UserError, match="train.early_stop must be in"):
+        train_config({"early_stop": "1.5"})
+    assert train_config({"early_stop": "none"}).early_stop is None
+    with pytest.raises(UserError, match="vocab_size is set by the task"):
+        resolve_run("flipflop", device="cpu", sets=parse_sets(["model.vocab_size=9"]))
+    with pytest.raises(UserError, match="unknown preset"):
+        resolve_run("flipflop", device="cpu", preset="huge")
+
+
+# --- the store --------------------------------------------------------------------------------
+
+
+def test_atomic_write_replaces_whole_files_and_leaves_no_temporaries(tmp_path):
+    path = tmp_path / "run" / "result.json"
+    store.write_json_atomic(path, {"status": "ok"})
+    assert json.loads(path.read_text()) == {"status": "ok"}
+    assert oct(path.stat().st_mode & 0o777) != oct(0o600)  # usual permissions, not mkstemp's
+
+    def crash(file):
+        file.write(b'{"status": "half')
+        raise RuntimeError("killed mid-write")
+
+    with pytest.raises(RuntimeError):
+        store.write_atomic(path, crash)
+    assert json.loads(path.read_text()) == {"status": "ok"}  # the old record is intact
+    assert os.listdir(path.parent) == ["result.json"]
+
+
+def test_corrupt_record_is_a_one_line_error_naming_the_file(tmp_path):
+    run_dir = tmp_path / "some-run"
+    run_dir.mkdir()
+    (run_dir / "result.json").write_text('{"status": "ok", "metr')  # half-written
+    with pytest.raises(store.CorruptRecord) as caught:
+        store.read_result(run_dir)
+    assert str(run_dir / "result.json") in str(caught.value)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(store.CorruptRecord):
+        store.is_done(run_dir)
+    (run_dir / "result.json").write_text('{"status": "ok"}')  # valid JSON, not a record
+    with pytest.raises(store.CorruptRecord, match="missing keys: metrics, config, provenance"):
+        store.read_result(run_dir)
+    aside = store.set_aside_corrupt(run_dir)
+    assert aside.name == "result.json.corrupt" and aside.exists()
+    assert not store.is_done(run_dir)
+
+
+# --- sweep files and --until-solved -------------------------------------------------------------
+
+
+def test_shipped_sweep_files_resolve():
+    settings, grids = load_sweep_file(find_sweep_file("paper"))
+    tasks = {grid.task for grid in grids}
+    assert tasks == {"flipflop", "a5", "z60", "mqrar"}
+    flipflop = next(grid for grid in grids if grid.task == "flipflop")
+    assert flipflop.models == ["nope", "rope", "sba", "fox", "path", "path_fox"]
+    assert len(flipflop.seeds) >= 3
+    configs = flipflop.configs("cuda")
+    assert len(configs) == 6 * len(flipflop.seeds) * len(flipflop.lrs or [None])
+    assert {c["model"]["d_model"] for c in configs} == {64}
+    mqrar = next(grid for grid in grids if grid.task == "mqrar")
+    n_back = {c["task"]["config"]["n_back"] for c in mqrar.configs("cuda")}
+    assert n_back == {1, 2, 3, 4}
+
+
+def test_sweep_file_errors_name_the_problem(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[sweep]]\ntask = "flipflop"\nlayer = [1]\n')
+    with pytest.raises(UserError, match="unknown key 'layer'; valid keys: .*layers"):
+        load_sweep_file(bad)
+    bad.write_text('[[sweep]]\ntask = "flipflop"\nlayers = "3-1"\n')
+    with pytest.raises(UserError, match="layers expects integers"):
+        load_sweep_file(bad)
+    bad.write_text("[[sweep]\n")
+    with pytest.raises(UserError, match="not valid TOML"):
+        load_sweep_file(bad)
+    with pytest.raises(UserError, match="shipped sweep files: .*paper"):
+        find_sweep_file("nosuch")
+
+
+def _fake_record(config, accuracy):
+    return {"run_id": run_id(config), "status": "ok", "reason": None, "steps": 1,
+            "primary_metric": "accuracy", "solved_threshold": 0.9,
+            "metrics": {"test": {"accuracy": accuracy}}, "config": config,
+            "provenance": {"wall_time_s": 0.1}}
+
+
+def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path):
+    grid = Grid(task="a5", models=["path", "rope"], layers=[1, 2, 3], lrs=[1e-3, 3e-4],
+                seeds=[0, 1], sets=["task.length=8"], until_solved=True)
+    configs = grid.configs("cpu")
+    waves = _waves(grid, configs, tmp_path)
+    seen_layers = []
+    for wave, dropped in waves:
+        layers = wave[0]["model"]["layers"]
+        seen_layers.append((layers, sorted({c["model"]["attention"] for c in wave})))
+        for config in wave:
+            # path solves at 2 layers with the smaller learning rate only; rope never.
+            solved = (config["model"]["attention"] == "path" and layers >= 2
+                      and config["train"]["lr"] == 3e-4)
+            record = _fake_record(config, 0.95 if solved else 0.5)
+            store.write_json_atomic(tmp_path / run_id(config) / "result.json", record)
+        assert dropped == (4 if layers == 3 else 0)  # path at 3 layers: 2 lrs x 2 seeds
+    assert seen_layers == [(1, ["path", "rope"]), (2, ["path", "rope"]), (3, ["rope"])]
+
+    table = aggregate(load_frame(tmp_path))
+    assert set(table.loc[table["model"] == "path", "lr"]) == {3e-4}  # best over lrs
+    assert len(solved_cells(load_frame(tmp_path))) == 1
+    minimum = min_layers_table(table).set_index("model")["min_layers"].to_dict()
+    assert minimum == {"path": "2", "rope": ">3"}

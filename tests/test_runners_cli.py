@@ -1,0 +1,227 @@
+"""The main job end to end on tiny configurations: run, sweep (local workers, a SIGKILLed
+worker, resume, a corrupt record, the Slurm path through submitit's local executor), results,
+plot and inspect, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pathbench.runners import store
+from pathbench.runners.cli import main
+
+# A few seconds per run on a CPU: short flip-flop sequences, a narrow model, a handful of steps.
+TINY = ["--d-model", "16", "--steps", "4", "--batch-size", "8", "--set", "task.length=16",
+        "--set", "train.eval_num=16", "--set", "train.eval_every=2"]
+
+
+def cli(capsys, *args) -> tuple[int, str, str]:
+    """Run ``pathbench ARGS`` in this process: (exit status, stdout, stderr)."""
+    try:
+        main([str(arg) for arg in args])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def results_of(out: Path) -> dict[str, dict]:
+    return {path.parent.name: json.loads(path.read_text()) for path in out.glob("*/result.json")}
+
+
+def test_run_trains_evaluates_and_records(tmp_path, capsys):
+    out = tmp_path / "runs"
+    code, stdout, _ = cli(capsys, "run", "flipflop", "--model", "rope", "--layers", "1", *TINY,
+                          "--seed", "3", "--out", out)
+    assert code == 0, stdout
+    [run_dir] = list(out.iterdir())
+    assert run_dir.name.startswith("flipflop-rope-L1-H2-D16-lr0.001-s3-")
+    assert {p.name for p in run_dir.iterdir()} == {
+        "config.json", "curve.jsonl", "result.json", "model.pt"}
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "ok" and result["steps"] == 4
+    assert list(result["metrics"]) == ["test", "sparse", "dense"]
+    assert 0 <= result["metrics"]["sparse"]["error"] <= 100
+    assert result["config"] == json.loads((run_dir / "config.json").read_text())
+    assert result["config"]["train"]["steps"] == 4 and result["config"]["seed"] == 3
+    provenance = result["provenance"]
+    for key in ("pathbench_version", "git_commit", "torch_version", "triton_version",
+                "device_name", "task_version", "dataset_hash", "seed", "wall_time_s"):
+        assert key in provenance
+    assert len(provenance["dataset_hash"]) == 64 and provenance["wall_time_s"] > 0
+    curve = [json.loads(line) for line in (run_dir / "curve.jsonl").read_text().splitlines()]
+    assert [point["step"] for point in curve] == [2, 4]
+    # The summary table: one row per evaluation split.
+    assert "error" in stdout and all(split in stdout for split in ("test", "sparse", "dense"))
+
+
+def test_absurd_learning_rate_diverges_with_the_step(tmp_path, capsys):
+    code, stdout, _ = cli(capsys, "run", "flipflop", *TINY, "--lr", "1e30",
+                          "--set", "train.warmup=0", "--out", tmp_path)
+    assert code == 1
+    [result] = results_of(tmp_path).values()
+    assert result["status"] == "diverged" and result["metrics"] == {}
+    assert result["reason"] == f"loss became nan at step {result['steps']}"
+    assert "diverged" in stdout
+
+
+def test_a_crash_is_recorded_as_failed(tmp_path, capsys, monkeypatch):
+    import pathbench.models
+
+    def broken(config):
+        raise RuntimeError("out of memory (simulated)")
+
+    monkeypatch.setattr(pathbench.models, "build_model", broken)
+    code, stdout, _ = cli(capsys, "run", "flipflop", *TINY, "--out", tmp_path)
+    assert code == 1
+    [result] = results_of(tmp_path).values()
+    assert result["status"] == "failed"
+    assert result["reason"] == "RuntimeError: out of memory (simulated)"
+    assert "Traceback" in result["traceback"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "nosuch"], "unknown task 'nosuch'; valid choices:"),
+    (["run", "flipflop", "--model", "nosuch"], "unknown attention 'nosuch'"),
+    (["run", "flipflop", "--set", "lr=3"], "--set expects task.KEY=VALUE"),
+    (["run", "flipflop", "--set", "task.lenght=3"], "unknown config key 'lenght'"),
+    (["run", "flipflop", "--set", "train.steps=-1"], "train.steps must be >= 1"),
+    (["run", "flipflop", "--device", "tpu"], "'tpu' is not one of"),
+    (["sweep", "flipflop", "--layers", "6-1"], "--layers expects integers and ranges"),
+    (["sweep", "flipflop", "--lrs", "fast"], "--lrs expects numbers"),
+    (["sweep", "flipflop", "--grid", "n_back=1,2"], "--grid expects SECTION.KEY"),
+    (["sweep", "--file", "nosuch"], "sweep file 'nosuch' not found"),
+    (["sweep"], "give a TASK to sweep over, or --file NAME"),
+    (["results", "does-not-exist"], "results directory does-not-exist does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    code, stdout, stderr = cli(capsys, *args)
+    assert code == 2
+    assert stderr.startswith("pathbench: error: ") and stderr.count("\n") == 1, stderr
+    assert message in stderr
+    assert not (tmp_path / "results").exists()  # nothing was written
+
+
+def test_sweep_file_resume_results_plot_inspect(tmp_path, capsys):
+    out = tmp_path / "runs"
+    grids = tmp_path / "grids.toml"
+    (tmp_path / "flipflop.toml").write_text(
+        '[[sweep]]\ntask = "flipflop"\nmodels = ["path", "rope"]\nseeds = "0-1"\nsteps = 50\n'
+        'd_model = 16\nbatch_size = 8\n'
+        'set = ["task.length=16", "train.eval_num=16", "train.eval_every=2"]\n')
+    grids.write_text(f'include = ["flipflop.toml"]\nout = "{out}"\nworkers = 2\n')
+    # The command line overrides the file (steps 50 -> 4).
+    code, stdout, stderr = cli(capsys, "sweep", "--file", grids, "--steps", "4")
+    assert code == 0, stderr
+    assert "4 ok" in stdout
+    records = results_of(out)
+    assert len(records) == 4 and {r["config"]["train"]["steps"] for r in records.values()} == {4}
+    written = {name: (out / name / "result.json").stat().st_mtime_ns for name in records}
+
+    code, stdout, stderr = cli(capsys, "sweep", "--file", grids, "--steps", "4")
+    assert code == 0 and "4 already done" in stdout and "ok" not in stdout.replace("records", "")
+    assert {name: (out / name / "result.json").stat().st_mtime_ns for name in records} == written
+
+    code, stdout, _ = cli(capsys, "results", out, "--format", "csv")
+    lines = stdout.strip().splitlines()
+    assert lines[0].startswith("task,model,layers,heads,d_model,lr,metric,ok/seeds,test,")
+    assert len(lines) == 3  # path and rope, each averaged over two seeds
+    code, stdout, _ = cli(capsys, "results", out, "--model", "path", "--runs",
+                          "--format", "markdown")
+    assert stdout.count("| flipflop | path |") == 2
+
+    code, stdout, _ = cli(capsys, "plot", out, "-o", tmp_path / "figures" / "flipflop")
+    assert code == 0
+    for suffix in (".png", ".pdf", ".md"):
+        assert (tmp_path / "figures" / f"flipflop{suffix}").stat().st_size > 0
+    assert "error per split" in stdout and "| path |" in stdout
+
+    run_dir = next(out.glob("flipflop-path-*"))
+    code, stdout, _ = cli(capsys, "inspect", run_dir, "--tokens", "16")
+    assert code == 0 and (run_dir / "attention.png").stat().st_size > 0
+
+
+def test_corrupt_record_errors_in_results_and_is_redone_by_the_sweep(tmp_path, capsys):
+    out = tmp_path / "runs"
+    sweep = ["sweep", "flipflop", "--models", "path", "--seeds", "0-1", *TINY, "--out", out]
+    assert cli(capsys, *sweep)[0] == 0
+    damaged = sorted(out.glob("*/result.json"))[0]
+    damaged.write_text(damaged.read_text()[:50])  # as if half-written
+
+    code, _, stderr = cli(capsys, "results", out)
+    assert code == 2 and stderr.count("\n") == 1
+    assert f"{damaged} is not a valid record" in stderr
+
+    code, stdout, stderr = cli(capsys, *sweep)
+    assert code == 0 and "1 ok, 1 already done" in stdout.replace("1 already done, 1 ok",
+                                                                  "1 ok, 1 already done")
+    assert f"{damaged} is not a valid record" in stderr
+    assert damaged.with_name("result.json.corrupt").exists()  # kept, not lost
+    assert store.read_result(damaged.parent)["status"] == "ok"
+    assert cli(capsys, "results", out)[0] == 0
+
+
+def _worker_processes(pid: int) -> list[int]:
+    """The sweep's worker processes: its children started by multiprocessing's spawn."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(child) for child in children
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_sweep_survives_a_sigkilled_worker_and_resumes(tmp_path):
+    out = tmp_path / "runs"
+    args = [sys.executable, "-m", "pathbench.runners.cli", "sweep", "flipflop",
+            "--models", "path,rope", "--seeds", "0-2", "--workers", "2", *TINY,
+            "--steps", "60", "--out", str(out)]
+    sweep = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        # Wait until one run has finished and the workers are busy with the next ones.
+        while not list(out.glob("*/result.json")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        finished_before = {p: p.read_bytes() for p in out.glob("*/result.json")}
+        workers = _worker_processes(sweep.pid)
+        assert finished_before and workers, "the sweep did not get going"
+        os.kill(workers[0], signal.SIGKILL)
+        stdout, stderr = sweep.communicate(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    # The sweep went on with the other runs; a run the dead worker was training is reported.
+    assert sweep.returncode in (0, 1), stderr
+    if sweep.returncode == 1:
+        assert "its worker died" in stderr and "run the same command again" in stderr
+    for path, content in finished_before.items():
+        assert path.read_bytes() == content  # nothing written was lost
+
+    rerun = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    records = results_of(out)
+    assert len(records) == 6 and len(list(out.iterdir())) == 6  # nothing lost or duplicated
+    assert all(record["status"] == "ok" for record in records.values())
+
+
+def test_slurm_executor_through_submitit_local(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("submitit")
+    from pathbench.runners import sweep
+
+    monkeypatch.setattr(sweep, "SUBMITIT_CLUSTER", "local")
+    out = tmp_path / "runs"
+    code, stdout, stderr = cli(capsys, "sweep", "flipflop", "--models", "path,rope", *TINY,
+                               "--executor", "slurm", "--workers", "2", "--device", "cpu",
+                               "--slurm", "timeout_min=5", "--out", out)
+    assert code == 0, stderr
+    assert "2 ok" in stdout
+    assert {r["status"] for r in results_of(out).values()} == {"ok"}
+    assert (out / ".submitit").is_dir()
