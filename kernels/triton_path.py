@@ -77,8 +77,9 @@ def _kernels():
         m = tl.max(s, 1)
         p = tl.exp(s - m[:, None])
         l = tl.sum(p, 1)
-        v = tl.load(V + tile_i).to(tl.float32)
-        acc = tl.dot(p, v, input_precision=PREC)
+        DT = KT.dtype.element_ty  # storage / data-dot dtype: float32, or q's 16-bit dtype
+        v = tl.load(V + tile_i)
+        acc = tl.dot(p.to(DT), v, input_precision=PREC)
 
         r = tl.load(QT + tile_i).to(tl.float32)
         if HAS_GATE:
@@ -87,8 +88,8 @@ def _kernels():
             jb = ib - 1 - jj
             offs_j = jb * BT + rows
             tile_j = base + offs_j[:, None] * D + cols[None, :]
-            kt = tl.load(KT + tile_j).to(tl.float32)
-            s = tl.dot(r, tl.trans(kt), input_precision=PREC) * scale
+            kt = tl.load(KT + tile_j)
+            s = tl.dot(r.to(DT), tl.trans(kt), input_precision=PREC) * scale
             if HAS_GATE:
                 gk = tl.load(G + bh * Tp + offs_j)
                 s += gq[:, None] - gk[None, :]
@@ -96,8 +97,8 @@ def _kernels():
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
             l = l * alpha + tl.sum(p, 1)
-            v = tl.load(V + tile_j).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)
+            v = tl.load(V + tile_j)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DT), v, input_precision=PREC)
             m = m_new
             if HAS_HH:
                 wj = tl.load(W + tile_j)
@@ -129,10 +130,11 @@ def _kernels():
         dd = cols[:, None] * D + cols[None, :]
         causal = rows[None, :] <= rows[:, None]
 
+        DT = KT.dtype.element_ty  # storage / data-dot dtype: float32, or q's 16-bit dtype
         for ib in range(g, N, NG):
             offs_i = ib * BT + rows
             tile_i = offs_i[:, None] * D + cols[None, :]
-            do = tl.load(DO + base + tile_i).to(tl.float32)
+            do = tl.load(DO + base + tile_i)
             delta = tl.load(DELTA + bh * Tp + offs_i)
             lse = tl.load(LSE + bh * Tp + offs_i)
 
@@ -140,12 +142,12 @@ def _kernels():
             si_ptr = (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :]
             s = tl.load(SI + si_ptr)
             p = tl.where(causal, tl.exp(s - lse[:, None]), 0.0)
-            v = tl.load(V + base + tile_i).to(tl.float32)
+            v = tl.load(V + base + tile_i)
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
             ds = p * (dp - delta[:, None])
             tl.store(DSI + si_ptr, ds)
             dv_part = tl.load(DVP + pbase + tile_i)
-            tl.store(DVP + pbase + tile_i, dv_part + tl.dot(tl.trans(p), do, input_precision=PREC))
+            tl.store(DVP + pbase + tile_i, dv_part + tl.dot(tl.trans(p.to(DT)), do, input_precision=PREC))
 
             qt = tl.load(QT + base + tile_i).to(tl.float32)
             r = qt
@@ -170,19 +172,21 @@ def _kernels():
                     r = tl.load(RS + pbase + tile_j)
                 else:
                     r = qt
-                kt = tl.load(KT + base + tile_j).to(tl.float32)
-                s = tl.dot(r, tl.trans(kt), input_precision=PREC) * scale
+                kt = tl.load(KT + base + tile_j)
+                rb = r.to(DT)
+                s = tl.dot(rb, tl.trans(kt), input_precision=PREC) * scale
                 if HAS_GATE:
                     gk = tl.load(G + bh * Tp + offs_j)
                     s += gq[:, None] - gk[None, :]
                 p = tl.exp(s - lse[:, None])
-                v = tl.load(V + base + tile_j).to(tl.float32)
+                v = tl.load(V + base + tile_j)
                 dp = tl.dot(do, tl.trans(v), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
+                dsb = ds.to(DT)
                 dv_part = tl.load(DVP + pbase + tile_j)
-                tl.store(DVP + pbase + tile_j, dv_part + tl.dot(tl.trans(p), do, input_precision=PREC))
+                tl.store(DVP + pbase + tile_j, dv_part + tl.dot(tl.trans(p.to(DT)), do, input_precision=PREC))
                 dk_part = tl.load(DKP + pbase + tile_j)
-                tl.store(DKP + pbase + tile_j, dk_part + scale * tl.dot(tl.trans(ds), r, input_precision=PREC))
+                tl.store(DKP + pbase + tile_j, dk_part + scale * tl.dot(tl.trans(dsb), rb, input_precision=PREC))
                 if HAS_GATE:
                     dg_row += tl.sum(ds, 1)
                     dgc = tl.load(DGCOLP + gbase + offs_j)
@@ -196,7 +200,7 @@ def _kernels():
                              dpj + tl.dot(tl.trans(r), dr, input_precision=PREC))
                     du = tl.dot(dr, tl.trans(uj), input_precision=PREC)
                     dr = dr - tl.dot(du, wj, input_precision=PREC)
-                dr += scale * tl.dot(ds, kt, input_precision=PREC)
+                dr += scale * tl.dot(dsb, kt, input_precision=PREC)
             tl.store(DQT + base + tile_i, dr)
             if HAS_GATE:
                 tl.store(DGROW + bh * Tp + offs_i, dg_row)
@@ -205,30 +209,66 @@ def _kernels():
     return _KERNELS
 
 
-def _block_size(D: int, device: torch.device) -> int:
-    if device.type != "cuda":
-        return 16
-    return 64
+# Interpreter (CPU) settings: small blocks so short test sequences span several of them.
+# Tests change these to exercise the GPU's block size and several backward programs per head.
+INTERPRET_BLOCK = 16
+INTERPRET_GROUPS = 1
+
+# GPU launch configurations (BT, num_warps, num_stages), tried in order: a configuration the
+# compiler rejects for lack of shared memory falls through to the next (smaller) one, and the
+# first that compiles is remembered per kernel specialisation.
+_GPU_CONFIGS = {
+    "fwd": {16: [(64, 4, 2), (32, 4, 1)], 32: [(64, 4, 2), (32, 4, 1)],
+            64: [(64, 4, 2), (64, 4, 1), (32, 4, 1)], 128: [(64, 8, 2), (64, 8, 1), (32, 4, 1), (16, 4, 1)]},
+    "bwd": {16: [(64, 4, 2), (32, 4, 1)], 32: [(64, 4, 2), (32, 4, 1)],
+            64: [(64, 4, 2), (64, 4, 1), (32, 4, 1)], 128: [(64, 8, 1), (32, 4, 1), (16, 4, 1)]},
+}
+_CHOSEN: dict = {}
 
 
-def _launch_cfg(D: int, device: torch.device):
+def _configs(kind: str, key: tuple, D: int, device: torch.device):
     if device.type != "cuda":
+        return [(INTERPRET_BLOCK, None, None)]
+    if key in _CHOSEN:
+        return [_CHOSEN[key]]
+    return _GPU_CONFIGS[kind][D]
+
+
+def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch):
+    """Run launch(BT, num_warps, num_stages) with the first configuration that compiles."""
+    last = None
+    for cfg in _configs(kind, key, D, device):
+        try:
+            result = launch(*cfg)
+        except Exception as exc:  # triton's OutOfResources; anything else is re-raised
+            if "out of resource" not in str(exc).lower():
+                raise
+            last = exc
+            continue
+        if device.type == "cuda":
+            _CHOSEN[key] = cfg
+        return result
+    raise last
+
+
+def _launch_opts(num_warps, num_stages):
+    if num_warps is None:  # interpreter: plain launch
         return {}
-    return {"num_warps": 4 if D <= 64 else 8, "num_stages": 2}
+    return {"num_warps": num_warps, "num_stages": num_stages}
 
 
 def _num_groups(N: int, BH: int, device: torch.device) -> int:
     """Programs per (batch, head) in the backward, each owning every NG-th query block."""
     if device.type != "cuda":
-        return 1
+        return max(1, min(N, INTERPRET_GROUPS))
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     want = -(-2 * sms // BH)
     return max(1, min(N, want))
 
 
-def _to_blocks(x: torch.Tensor, Tp: int) -> torch.Tensor:
-    """[B, T, H, ...] -> float32 [B, H, Tp, ...], zero padded at the end of time."""
-    x = x.float().transpose(1, 2)
+def _to_blocks(x: torch.Tensor, Tp: int, dtype=torch.float32) -> torch.Tensor:
+    """[B, T, H, ...] -> [B, H, Tp, ...] in dtype, zero padded at the end of time."""
+    x = x.to(dtype).transpose(1, 2)
     pad = Tp - x.shape[2]
     if pad:
         spec = [0, 0] * (x.dim() - 3) + [0, pad]
@@ -278,90 +318,106 @@ def _local(q, k, w, beta, log_fgate, scale, BT, Tp):
 
 
 def _prec(dtype: torch.dtype, device: torch.device) -> str:
-    if device.type != "cuda":
+    """Dot precision: exact float32 for float32 inputs; tf32 for the Householder carries of
+    16-bit inputs (whose data dots run in their own dtype)."""
+    if device.type != "cuda" or dtype == torch.float32:
         return "ieee"
-    return "ieee" if dtype == torch.float32 else "tf32"
+    return "tf32"
 
 
 def _dummy(device):
     return torch.zeros(1, dtype=torch.float32, device=device)
 
 
-class _PathAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, w, beta, log_fgate, scale):
-        B, T, H, D = q.shape
-        dev = q.device
-        BT = _block_size(D, dev)
-        N = -(-T // BT)
-        Tp = N * BT
-        with torch.no_grad():
-            Qt, Kt, Wf, U, Gf, SI = _local(q, k, w, beta, log_fgate, scale, BT, Tp)
-            V = _to_blocks(v, Tp).contiguous()
-            dummy = _dummy(dev)
-            O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
-            LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
-            _path_fwd_kernel = _kernels()[0]
-            _path_fwd_kernel[(N, B * H)](
-                Qt.contiguous(), Kt.contiguous(), V,
-                dummy if Wf is None else Wf.contiguous(),
-                dummy if U is None else U.contiguous(),
-                dummy if Gf is None else Gf.contiguous(),
-                SI.contiguous(), O, LSE,
-                N, float(scale),
-                D=D, BT=BT, HAS_HH=w is not None, HAS_GATE=log_fgate is not None,
-                PREC=_prec(q.dtype, dev), **_launch_cfg(D, dev),
-            )
-        ctx.save_for_backward(q, k, v, w, beta, log_fgate, O, LSE)
-        ctx.scale = scale
-        return O[:, :, :T].transpose(1, 2)
+def _storage_dtype(q):
+    """dtype of the data tensors the kernels read (q and k moved, v, dO) and of their dots.
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, w, beta, log_fgate, O, LSE = ctx.saved_tensors
-        scale = ctx.scale
-        B, T, H, D = q.shape
-        dev = q.device
-        BT = _block_size(D, dev)
+    q's own dtype, except bfloat16 under the CPU interpreter, whose bfloat16 dot is wrong
+    (numpy has no bfloat16): there the data stay float32.
+    """
+    if q.device.type != "cuda" and q.dtype == torch.bfloat16:
+        return torch.float32
+    return q.dtype
+
+
+def _spec_key(kind, q, has_hh, has_gate):
+    return (kind, q.shape[-1], q.dtype, has_hh, has_gate, q.device.index)
+
+
+def _forward(q, k, v, w, beta, log_fgate, scale):
+    B, T, H, D = q.shape
+    dev = q.device
+    sd = _storage_dtype(q)
+    has_hh, has_gate = w is not None, log_fgate is not None
+
+    def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
         Tp = N * BT
-        has_hh = w is not None
-        has_gate = log_fgate is not None
-        leaves = [x.detach().requires_grad_(True) if x is not None else None
-                  for x in (q, k, w, beta, log_fgate)]
-        ql, kl, wl, bl, fl = leaves
+        Qt, Kt, Wf, U, Gf, SI = _local(q, k, w, beta, log_fgate, scale, BT, Tp)
+        dummy = _dummy(dev)
+        O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
+        LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
+        _kernels()[0][(N, B * H)](
+            Qt.to(sd).contiguous(), Kt.to(sd).contiguous(), _to_blocks(v, Tp, sd).contiguous(),
+            dummy if Wf is None else Wf.contiguous(),
+            dummy if U is None else U.contiguous(),
+            dummy if Gf is None else Gf.contiguous(),
+            SI.contiguous(), O, LSE,
+            N, float(scale),
+            D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
+            PREC=_prec(q.dtype, dev), **_launch_opts(num_warps, num_stages),
+        )
+        return O[:, :, :T], LSE[:, :, :T]
+
+    return _with_fallback("fwd", _spec_key("fwd", q, has_hh, has_gate), D, dev, launch)
+
+
+def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
+    """Gradients (dq, dk, dv, dw, dbeta, dlog_fgate) in float32 (None where an input is None)."""
+    B, T, H, D = q.shape
+    dev = q.device
+    sd = _storage_dtype(q)
+    has_hh, has_gate = w is not None, log_fgate is not None
+    leaves = [x.detach().requires_grad_(True) if x is not None else None for x in (q, k, w, beta, log_fgate)]
+    delta_t = (grad_out.transpose(1, 2).float() * O.float()).sum(-1)  # [B, H, T]; O is [B, H, T, D]
+
+    def launch(BT, num_warps, num_stages):
+        N = -(-T // BT)
+        Tp = N * BT
+        pad = (0, Tp - T)
         with torch.enable_grad():
-            Qt, Kt, Wf, U, Gf, SI = _local(ql, kl, wl, bl, fl, scale, BT, Tp)
+            Qt, Kt, Wf, U, Gf, SI = _local(*leaves, scale, BT, Tp)
         with torch.no_grad():
-            V = _to_blocks(v, Tp).contiguous()
-            dO = _to_blocks(grad_out, Tp).contiguous()
-            delta = (dO * O.float()).sum(-1).contiguous()
+            dO = _to_blocks(grad_out, Tp, sd).contiguous()
+            delta = torch.nn.functional.pad(delta_t, pad).contiguous()
+            lse = torch.nn.functional.pad(LSE, pad).contiguous()
             NG = _num_groups(N, B * H, dev)
             f32 = dict(dtype=torch.float32, device=dev)
+            dummy = _dummy(dev)
             dQt = torch.empty(B, H, Tp, D, **f32)
             dKp = torch.zeros(B, H, NG, Tp, D, **f32)
             dVp = torch.zeros(B, H, NG, Tp, D, **f32)
-            dSI = torch.empty(B, H, N, BT, BT, **f32)
-            dummy = _dummy(dev)
+            dSI = torch.empty(B, H, Tp // BT, BT, BT, **f32)
             dPp = torch.zeros(B, H, NG, N, D, D, **f32) if has_hh else dummy
             RS = torch.empty(B, H, NG, Tp, D, **f32) if has_hh else dummy
             dGrow = torch.empty(B, H, Tp, **f32) if has_gate else dummy
             dGcolp = torch.zeros(B, H, NG, Tp, **f32) if has_gate else dummy
-            _path_bwd_kernel = _kernels()[1]
-            _path_bwd_kernel[(NG, B * H)](
-                Qt.detach().contiguous(), Kt.detach().contiguous(), V,
+            _kernels()[1][(NG, B * H)](
+                Qt.detach().to(sd).contiguous(), Kt.detach().to(sd).contiguous(),
+                _to_blocks(v, Tp, sd).contiguous(),
                 Wf.detach().contiguous() if has_hh else dummy,
                 U.detach().contiguous() if has_hh else dummy,
                 Gf.detach().contiguous() if has_gate else dummy,
-                SI.detach().contiguous(), LSE, dO, delta,
+                SI.detach().contiguous(), lse, dO, delta,
                 dQt, dKp, dVp, dPp, dGrow, dGcolp, dSI, RS,
                 N, NG, float(scale),
                 D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
-                PREC=_prec(q.dtype, dev), **_launch_cfg(D, dev),
+                PREC=_prec(q.dtype, dev), **_launch_opts(num_warps, num_stages),
             )
+            # partial sums over the programs of a head, in a fixed order
             outs, grads = [Qt, Kt, SI], [dQt, dKp.sum(2), dSI]
             if has_hh:
-                dP = dPp.sum(2)  # [B, H, N, D, D]
+                dP = dPp.sum(2)  # dL/dP per block, [B, H, N, D, D]; P = I - W^T U
                 Wb = Wf.detach().view(B, H, N, BT, D)
                 Ub = U.detach().view(B, H, N, BT, D)
                 outs += [U, Wf]
@@ -369,19 +425,33 @@ class _PathAttention(torch.autograd.Function):
             if has_gate:
                 outs.append(Gf)
                 grads.append(dGrow + dGcolp.sum(2))
+            dv = dVp.sum(2)[:, :, :T].transpose(1, 2)
         inputs = [x for x in leaves if x is not None]
-        got = torch.autograd.grad(outs, inputs, grads, allow_unused=True)
-        got = iter(got)
-        res = [next(got) if x is not None else None for x in leaves]
-        dq, dk, dw, dbeta, dlf = res
-        dv = dVp.sum(2)[:, :, :T].transpose(1, 2).to(v.dtype)
+        got = iter(torch.autograd.grad(outs, inputs, grads, allow_unused=True))
+        dq, dk, dw, dbeta, dlf = [next(got) if x is not None else None for x in leaves]
+        return dq, dk, dv, dw, dbeta, dlf
 
-        def cast(g, like):
-            if g is None or like is None:
-                return None
-            return g.to(like.dtype)
+    return _with_fallback("bwd", _spec_key("bwd", q, has_hh, has_gate), D, dev, launch)
 
-        return (cast(dq, q), cast(dk, k), dv, cast(dw, w), cast(dbeta, beta), cast(dlf, log_fgate), None)
+
+class _PathAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, w, beta, log_fgate, scale):
+        # the block-local algebra must stay in float32 whatever autocast says
+        with torch.autocast(q.device.type, enabled=False), torch.no_grad():
+            O, LSE = _forward(q, k, v, w, beta, log_fgate, scale)
+        ctx.save_for_backward(q, k, v, w, beta, log_fgate, O, LSE)
+        ctx.scale = scale
+        return O.transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, w, beta, log_fgate, O, LSE = ctx.saved_tensors
+        with torch.autocast(q.device.type, enabled=False):
+            grads = _backward(q, k, v, w, beta, log_fgate, ctx.scale, O, LSE, grad_out)
+        like = (q, k, v, w, beta, log_fgate)
+        return tuple(None if g is None else g.to(x.dtype) for g, x in zip(grads, like)) + (None,)
+
 
 
 def _check(q, k, v, w, beta, log_fgate):
