@@ -60,7 +60,7 @@ def _kernels():
         QT, KT, V, W, U, G, SI, O, LSE,
         N, scale,
         D: tl.constexpr, BT: tl.constexpr,
-        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr,
+        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
         ib = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
@@ -103,8 +103,14 @@ def _kernels():
             if HAS_HH:
                 wj = tl.load(W + tile_j)
                 uj = tl.load(U + tile_j)
-                rw = tl.dot(r, tl.trans(wj), input_precision=PREC)
-                r = r - tl.dot(rw, uj, input_precision=PREC)
+                if HH16:
+                    # 16-bit inputs: the carry's dots take float16 operands (tf32's mantissa,
+                    # twice its rate); W and U stay float32 in memory, r accumulates in float32
+                    rw = tl.dot(r.to(tl.float16), tl.trans(wj.to(tl.float16)))
+                    r = r - tl.dot(rw.to(tl.float16), uj.to(tl.float16))
+                else:
+                    rw = tl.dot(r, tl.trans(wj), input_precision=PREC)
+                    r = r - tl.dot(rw, uj, input_precision=PREC)
         o = acc / l[:, None]
         tl.store(O + tile_i, o.to(O.dtype.element_ty))
         tl.store(LSE + bh * Tp + offs_i, m + tl.log(l))
@@ -365,7 +371,7 @@ def _forward(q, k, v, w, beta, log_fgate, scale):
             SI.contiguous(), O, LSE,
             N, float(scale),
             D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
-            PREC=_prec(q.dtype, dev), **_launch_opts(num_warps, num_stages),
+            PREC=_prec(q.dtype, dev), HH16=q.dtype != torch.float32, **_launch_opts(num_warps, num_stages),
         )
         return O[:, :, :T], LSE[:, :, :T]
 
