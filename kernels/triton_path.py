@@ -27,7 +27,9 @@ Everything accumulates in float32; the factored products (W, U) are kept in floa
 
 from __future__ import annotations
 
+import math
 import os
+import time
 
 import torch
 
@@ -220,41 +222,64 @@ def _kernels():
 INTERPRET_BLOCK = 16
 INTERPRET_GROUPS = 1
 
-# GPU launch configurations (BT, num_warps, num_stages), tried in order: a configuration the
-# compiler rejects for lack of shared memory falls through to the next (smaller) one, and the
-# first that compiles is remembered per kernel specialisation.
+# GPU launch configurations (BT, num_warps, num_stages) per kernel and head size. For 16-bit
+# inputs the first TUNE_CANDIDATES configurations that compile are timed once per kernel
+# specialisation and sequence-length bucket on the first call, and the fastest is kept (set
+# PATHBENCH_TRITON_TUNE=0 to take the first that compiles). A configuration the compiler rejects
+# for lack of shared memory falls through to the next one.
 _GPU_CONFIGS = {
-    "fwd": {16: [(64, 4, 2), (32, 4, 1)], 32: [(64, 4, 2), (32, 4, 1)],
-            64: [(64, 4, 2), (64, 4, 1), (32, 4, 1)], 128: [(64, 8, 2), (64, 8, 1), (32, 4, 1), (16, 4, 1)]},
-    "bwd": {16: [(64, 4, 2), (32, 4, 1)], 32: [(64, 4, 2), (32, 4, 1)],
-            64: [(64, 8, 2), (64, 8, 1), (32, 4, 1)], 128: [(64, 8, 1), (32, 4, 1), (16, 4, 1)]},
+    "fwd": {16: [(64, 4, 2), (32, 4, 1)],
+            32: [(64, 4, 2), (128, 8, 2), (64, 4, 1), (32, 4, 1)],
+            64: [(64, 4, 2), (128, 8, 2), (64, 4, 1), (32, 4, 1)],
+            128: [(64, 8, 2), (64, 4, 2), (64, 8, 1), (32, 4, 1), (16, 4, 1)]},
+    "bwd": {16: [(64, 4, 2), (32, 4, 1)],
+            32: [(64, 4, 2), (128, 8, 1), (64, 4, 1), (32, 4, 1)],
+            64: [(64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 4, 1)],
+            128: [(64, 8, 1), (32, 4, 1), (16, 4, 1)]},
 }
+TUNE_CANDIDATES = 2
+FORCE_CONFIG: dict = {}  # kind -> (BT, num_warps, num_stages); used to pre-compile configurations
 _CHOSEN: dict = {}
 
 
-def _configs(kind: str, key: tuple, D: int, device: torch.device):
+def _is_out_of_resources(exc: Exception) -> bool:
+    return "out of resource" in str(exc).lower()
+
+
+def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch, tune: bool):
+    """Run launch(BT, num_warps, num_stages) under the configuration chosen for key."""
     if device.type != "cuda":
-        return [(INTERPRET_BLOCK, None, None)]
+        return launch(INTERPRET_BLOCK, None, None)
+    if kind in FORCE_CONFIG:
+        return launch(*FORCE_CONFIG[kind])
     if key in _CHOSEN:
-        return [_CHOSEN[key]]
-    return _GPU_CONFIGS[kind][D]
-
-
-def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch):
-    """Run launch(BT, num_warps, num_stages) with the first configuration that compiles."""
-    last = None
-    for cfg in _configs(kind, key, D, device):
+        return launch(*_CHOSEN[key])
+    tune = tune and os.environ.get("PATHBENCH_TRITON_TUNE", "1") != "0"
+    timed, last = [], None
+    for cfg in _GPU_CONFIGS[kind][D]:
         try:
             result = launch(*cfg)
         except Exception as exc:  # triton's OutOfResources; anything else is re-raised
-            if "out of resource" not in str(exc).lower():
+            if not _is_out_of_resources(exc):
                 raise
             last = exc
             continue
-        if device.type == "cuda":
+        if not tune:
             _CHOSEN[key] = cfg
-        return result
-    raise last
+            return result
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(2):
+            result = launch(*cfg)
+        torch.cuda.synchronize(device)
+        timed.append(((time.perf_counter() - start) / 2, cfg))
+        if len(timed) == TUNE_CANDIDATES:
+            break
+    if not timed:
+        raise last
+    best = min(timed)[1]
+    _CHOSEN[key] = best
+    return launch(*best)
 
 
 def _launch_opts(num_warps, num_stages):
@@ -347,7 +372,9 @@ def _storage_dtype(q):
 
 
 def _spec_key(kind, q, has_hh, has_gate):
-    return (kind, q.shape[-1], q.dtype, has_hh, has_gate, q.device.index)
+    """The kernel specialisation and a bucket of sequence length (tuning is per bucket)."""
+    bucket = int(math.log2(q.shape[1]))
+    return (kind, q.shape[-1], q.dtype, has_hh, has_gate, q.device.index, bucket)
 
 
 def _forward(q, k, v, w, beta, log_fgate, scale):
@@ -375,7 +402,8 @@ def _forward(q, k, v, w, beta, log_fgate, scale):
         )
         return O[:, :, :T], LSE[:, :, :T]
 
-    return _with_fallback("fwd", _spec_key("fwd", q, has_hh, has_gate), D, dev, launch)
+    tune = q.dtype != torch.float32
+    return _with_fallback("fwd", _spec_key("fwd", q, has_hh, has_gate), D, dev, launch, tune)
 
 
 def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
@@ -437,7 +465,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
         dq, dk, dw, dbeta, dlf = [next(got) if x is not None else None for x in leaves]
         return dq, dk, dv, dw, dbeta, dlf
 
-    return _with_fallback("bwd", _spec_key("bwd", q, has_hh, has_gate), D, dev, launch)
+    tune = q.dtype != torch.float32
+    return _with_fallback("bwd", _spec_key("bwd", q, has_hh, has_gate), D, dev, launch, tune)
 
 
 class _PathAttention(torch.autograd.Function):

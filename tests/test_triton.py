@@ -110,6 +110,8 @@ def test_gpu_block_size_and_several_backward_programs(monkeypatch):
     check_against_reference(make_inputs(1, 200, 2, 32, True, True))
     monkeypatch.setattr(tp, "INTERPRET_BLOCK", 32)
     check_against_reference(make_inputs(2, 100, 1, 16, False, True))
+    monkeypatch.setattr(tp, "INTERPRET_BLOCK", 128)
+    check_against_reference(make_inputs(1, 300, 1, 64, True, True))
 
 
 def test_autocast_does_not_reach_the_block_algebra():
