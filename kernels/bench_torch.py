@@ -62,10 +62,14 @@ def random_inputs(batch, length, heads, dim, seed=0):
               help="Head dimensions D, comma-separated.")
 @click.option("--batch", default=8, show_default=True, type=click.IntRange(min=1))
 @click.option("--heads", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--threads", type=click.IntRange(min=1),
+              help="torch CPU threads (default: torch's own choice).")
 @click.option("--repeats", default=5, show_default=True, type=click.IntRange(min=1),
               help="Timed calls per measurement (the fastest is shown).")
-def bench_torch(lengths, dims, batch, heads, repeats):
+def bench_torch(lengths, dims, batch, heads, threads, repeats):
     """Time fwd+bwd of the reference and the blockwise torch PaTH attention on the CPU."""
+    if threads is not None:
+        torch.set_num_threads(threads)
     click.echo(f"PaTH attention fwd+bwd on the CPU, float32, B={batch} H={heads}, "
                f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
                f"fastest of {repeats}")

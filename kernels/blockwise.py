@@ -1,21 +1,19 @@
 """Blockwise PaTH attention in plain torch: the training path on machines without Triton.
 
-The same blocks as the GPU kernel (ATTENTION.md, "The blockwise algorithm"), written with
-batched matmuls so that autograd supplies the backward. For blocks of C = 64 tokens:
+The blocks of the GPU kernel (ATTENTION.md, "The blockwise algorithm"), written with batched
+matmuls so that autograd supplies the backward. For blocks of C = 64 tokens:
 
-1. Per block, one C x C unit lower-triangular solve (the UT form) gives the block's
-   Householder product H_last ... H_first = I - W^T U with U = A^-1 diag(beta) W, and from the
-   same solve the intra-block logits, each query moved to its block's start and each key
-   moved to its block's end.
-2. Every query block then walks left over the key blocks, one block per step (all query
-   blocks advance together): the logits against a key block are moved-queries times
-   moved-keys, and crossing a block applies its product, q^T <- q^T - (q^T W^T) U.
+1. Per block, one C x C unit lower-triangular solve (the UT form) gives the intra-block
+   logits, each query moved to its block's start, each key moved to its block's end, and
+   the block's whole Householder product H_last ... H_first as a D x D matrix.
+2. Each query block walks left over the key blocks: its logits against a key block are its
+   moved queries times that block's moved keys, and crossing the block applies the block's
+   product (q^T <- q^T P). The row of logits of a query block is then complete, and an
+   ordinary softmax and a matmul with the values finish it.
 
-Work is O(T^2 D + T C D) and there is no T x T triangular solve; compared with the
-materialised reference (reference.py) only the solve disappears, which is what dominates
-there. The logits of all blocks are gathered into one [T, T] matrix and normalised by an
-ordinary softmax: the memory is the same O(T^2) as the reference, fine on a CPU at the
-sequence lengths of this benchmark.
+There is no T x T triangular solve: the work is O(T^2 D) for the logits and the values,
+O(T^2 D^2 / C) for the transport and O(T C D) for the blocks' own solves; the logits take
+O(T^2) memory, like the reference, which is fine on a CPU at this benchmark's lengths.
 """
 
 from __future__ import annotations
@@ -52,29 +50,31 @@ def path_attention_blockwise(q, k, v, w=None, beta=None, log_fgate=None, scale=N
     else:
         q_start, k_end, intra, products = _transport_within_blocks(q, k, blocks(w), blocks(beta))
     causal = torch.ones(block, block, dtype=torch.bool, device=q.device).tril()
-
-    # logits[d]: query block p against key block p - d, for p = d .. n-1, [B, H, n - d, C, C].
-    logits = [intra.masked_fill(~causal, float("-inf"))]
-    q_moving = q_start[:, :, 1:]  # query blocks 1..n-1, to meet the key block to their left
-    for distance in range(1, n):
-        logits.append(q_moving @ k_end[:, :, : n - distance].transpose(-1, -2))
-        q_moving = q_moving[:, :, 1:]  # query block `distance` has met all its keys
-        if products is not None:  # the others cross key block p - distance
-            q_moving = q_moving @ products[:, :, 1 : n - distance]
     if log_fgate is not None:
-        g = blocks(torch.cumsum(log_fgate.to(dtype), dim=1))  # G_t, [B, H, n, C]
-        logits = [s + g[:, :, d:, :, None] - g[:, :, : n - d, None, :] for d, s in enumerate(logits)]
+        g = torch.cumsum(log_fgate.to(dtype), dim=1).transpose(1, 2)  # G_t, [B, H, T]
+        g = F.pad(g, (0, pad))
+    v = v.flatten(2, 3)  # [B, H, n * C, D]
 
-    # Softmax over all key blocks of each query row; the shift is any upper bound of the row.
-    def align(x, d):  # a per-distance tensor over query blocks d..n-1 -> over all n blocks
-        return F.pad(x, (0, 0) * (x.dim() - 3) + (d, 0))
-
-    row_max = torch.stack([align(s.amax(-1), d) for d, s in enumerate(logits)]).amax(0)
-    row_max = row_max.detach()[..., None]  # the softmax does not depend on it
-    weights = [torch.exp(s - row_max[:, :, d:]) for d, s in enumerate(logits)]
-    total = sum(align(e.sum(-1), d) for d, e in enumerate(weights))
-    out = sum(align(e @ v[:, :, : n - d], d) for d, e in enumerate(weights)) / total[..., None]
-    return out.flatten(2, 3)[:, :, :T].transpose(1, 2).to(out_dtype)
+    # Lists of per-block tensors: autograd then gathers each one's gradient once, instead of
+    # once per slice of the whole tensor.
+    q_start, k_end, intra = q_start.unbind(2), k_end.unbind(2), intra.unbind(2)
+    products = None if products is None else products.unbind(2)
+    outputs = []
+    for p in range(n):
+        # Query block p walks left: logits against key block r, then cross it (q^T <- q^T P_r).
+        row = [intra[p].masked_fill(~causal, float("-inf"))]
+        q_moving = q_start[p]
+        for r in range(p - 1, -1, -1):
+            row.append(q_moving @ k_end[r].transpose(-1, -2))
+            if products is not None and r > 0:
+                q_moving = q_moving @ products[r]
+        logits = torch.cat(row[::-1], dim=-1)  # [B, H, C, (p + 1) C]: keys 0 .. (p + 1) C - 1
+        seen = (p + 1) * block
+        if log_fgate is not None:
+            logits = logits + g[:, :, p * block : seen, None] - g[:, :, None, :seen]
+        outputs.append(torch.softmax(logits, dim=-1) @ v[:, :, :seen])
+    out = torch.cat(outputs, dim=2)[:, :, :T]
+    return out.transpose(1, 2).to(out_dtype)
 
 
 def _transport_within_blocks(q, k, w, beta):
@@ -87,19 +87,23 @@ def _transport_within_blocks(q, k, w, beta):
     block, D = q.shape[-2], q.shape[-1]
     beta = beta[..., None]
     eye = torch.eye(block, dtype=q.dtype, device=q.device)
-    strictly_lower = torch.ones(block, block, dtype=torch.bool, device=q.device).tril(-1)
-    lower = strictly_lower | eye.bool()
-    # A = I + strictly_lower(diag(beta) W W^T); the block product is I - W^T U, U = A^-1 diag(beta) W,
-    # and A^-1 restricted to [s, t] serves every interval inside the block.
-    a = eye + (beta * (w @ w.transpose(-1, -2))).masked_fill(~strictly_lower, 0.0)
-    a_inv = torch.linalg.solve_triangular(a, eye.expand_as(a), upper=False, unitriangular=True)
-    qw = (q @ w.transpose(-1, -2)).masked_fill(~lower, 0.0)  # [i, s]: H_s acts on q_i if s <= i
-    wk = (w @ k.transpose(-1, -2)).masked_fill(~strictly_lower, 0.0)  # [t, j]: on k_j if t > j
-    solved_wk = a_inv @ (beta * wk)
-    u = a_inv @ (beta * w)
+    upper = torch.ones(block, block, dtype=torch.bool, device=q.device).triu()
+    qw = (q @ w.transpose(-1, -2)).masked_fill(upper.triu(1), 0.0)  # [i, s]: H_s acts on q_i if s <= i
+    wk = (w @ k.transpose(-1, -2)).masked_fill(upper, 0.0)  # [t, j]: H_t acts on k_j if t > j
+    # A = I + strictly_lower(diag(beta) W W^T); the block product is I - W^T U with
+    # U = A^-1 diag(beta) W, and A^-1 restricted to [s, t] serves every interval inside the block.
+    a = eye + (beta * (w @ w.transpose(-1, -2))).masked_fill(upper, 0.0)
+    rhs = beta * torch.cat([wk, w], dim=-1)
+    # A^-1 rhs, solved as rhs^T A^-T: the same numbers, but torch's CPU solver is about twice as
+    # fast this way round for row-major batches.
+    solved = torch.linalg.solve_triangular(a.transpose(-1, -2), rhs.transpose(-1, -2), upper=True,
+                                           left=False, unitriangular=True).transpose(-1, -2)
+    solved_wk, u = solved.split([block, D], dim=-1)
+    # What the block's Householders take away from q: within the block, and up to its start.
+    moved_intra, moved_start = (qw @ solved).split([block, D], dim=-1)
 
-    intra = q @ k.transpose(-1, -2) - qw @ solved_wk
-    q_start = q - qw @ u
+    intra = q @ k.transpose(-1, -2) - moved_intra
+    q_start = q - moved_start
     k_end = k - solved_wk.transpose(-1, -2) @ w
     products = torch.eye(D, dtype=q.dtype, device=q.device) - w.transpose(-1, -2) @ u
     return q_start, k_end, intra, products
