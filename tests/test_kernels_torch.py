@@ -8,7 +8,6 @@ all agree with them; fla-core's naive PaTH is an external oracle.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import warnings
 
@@ -17,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from fla.ops.path_attn.naive import naive_path_attn
 
+import pathbench.kernels
 from pathbench.kernels import (
     RecurrentCache,
     attention_probs,
@@ -259,12 +259,12 @@ def test_auto_on_cpu_is_the_blockwise_torch_path():
                                path_attention_blockwise(*inputs), rtol=0, atol=0)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pathbench.kernels.triton_path") is not None,
-                    reason="the Triton kernel is installed")
-def test_triton_backend_without_the_kernel_says_so():
-    q, k, v, w, beta, _ = make_inputs(T=4, D=4)
-    with pytest.raises(NotImplementedError, match="triton_path"):
-        path_attention(q, k, v, w, beta, backend="triton")
+def test_triton_backend_without_the_kernel_says_so(monkeypatch):
+    # As in an installation without the kernel module.
+    monkeypatch.setattr(pathbench.kernels, "TRITON_MODULE", "pathbench.kernels.no_such_module")
+    inputs = make_inputs(T=4, D=4)
+    with pytest.raises(NotImplementedError, match="no_such_module.*backend='torch'"):
+        path_attention(*inputs, backend="triton")
 
 
 # ---------------------------------------------------------------------------------------------
