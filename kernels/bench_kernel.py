@@ -205,19 +205,51 @@ def _plot(rows, path):
     plt.close(fig)
 
 
+def _profile(D, T, H, B, echo):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
+    _, fwd_bwd, _ = _fns("ours", args, D ** -0.5)
+    for _ in range(3):
+        fwd_bwd()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fwd_bwd()
+        torch.cuda.synchronize()
+    echo(f"profile of one forward+backward, ours, D={D} T={T} H={H} B={B}:")
+    echo(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+
+
 @click.command("kernel")
 @click.option("--path", "out_dir", default="results/kernel", show_default=True,
               help="folder for kernel_bench.csv and kernel_bench.png")
 @click.option("--impl", "impls", multiple=True, type=click.Choice(IMPLS),
               help="implementations to time (default: all)")
 @click.option("--quick", is_flag=True, help="only T=4096 and the training shapes, fewer repetitions")
-def bench_kernel(out_dir, impls, quick):
+@click.option("--compile-only", is_flag=True,
+              help="call each implementation once per shape (fills Triton's caches), time nothing")
+@click.option("--profile", is_flag=True, help="profile one forward+backward of ours at D=64, T=4096 and exit")
+def bench_kernel(out_dir, impls, quick, compile_only, profile):
     """Time the Triton PaTH kernel against fla-core and torch SDPA (needs a CUDA GPU)."""
     import torch
 
     if not torch.cuda.is_available():
         raise UserError("bench kernel needs a CUDA GPU; none is available here")
     impls = tuple(impls) or IMPLS
+    if profile:
+        _profile(64, 4096, 32, 4, click.echo)
+        return
+    if compile_only:
+        # the shapes whose peers may crash the process go last
+        for D, T, H, B in sorted(LONG_SHAPES + TRAIN_SHAPES, key=lambda s: s[0] in FLA_ISOLATED_D):
+            for impl in impls:
+                args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
+                _, fwd_bwd, _ = _fns(impl, args, D ** -0.5)
+                fwd_bwd()
+                torch.cuda.synchronize()
+                click.echo(f"compiled {impl} D={D} T={T}")
+        return
     if "fla" in impls:
         try:
             import fla.ops.path_attn.parallel  # noqa: F401

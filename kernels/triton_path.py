@@ -57,7 +57,7 @@ def _kernels():
     if _KERNELS is not None:
         return _KERNELS
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["N"])
     def _path_fwd_kernel(
         QT, KT, V, W, U, G, SI, O, LSE,
         N, scale,
@@ -117,7 +117,7 @@ def _kernels():
         tl.store(O + tile_i, o.to(O.dtype.element_ty))
         tl.store(LSE + bh * Tp + offs_i, m + tl.log(l))
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["N", "NG"])
     def _path_bwd_kernel(
         QT, KT, V, W, U, G, SI, LSE, DO, DELTA,
         DQT, DKP, DVP, DPP, DGROW, DGCOLP, DSI, RS,

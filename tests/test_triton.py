@@ -207,3 +207,14 @@ def test_long_sequence_matches_torch_blockwise(D, gate):
 def test_long_sequence_bf16_against_float64():
     args = make_inputs(1, 4096, 2, 64, True, True, dtype=torch.bfloat16)
     check_against_reference(args, fwd_tol=2e-2, with_grad=False)
+
+
+@pytest.mark.skipif(CUDA, reason="checks the message without a GPU")
+def test_bench_kernel_without_gpu_exits_2(capsys):
+    from pathbench.runners.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "kernel"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "GPU" in err[0]
