@@ -61,7 +61,9 @@ def path_attention(q, k, v, w=None, beta=None, log_fgate=None, scale=None, backe
     "torch" (blockwise, autograd backward) or "triton".
     """
     if backend not in BACKENDS:
-        raise ValueError(f"unknown attention backend {backend!r}; valid choices: {', '.join(BACKENDS)}")
+        raise ValueError(
+            f"unknown attention backend {backend!r}; valid choices: {', '.join(BACKENDS)}"
+        )
     if (w is None) != (beta is None):
         raise ValueError("path_attention needs w and beta together (or neither, for FoX)")
     if backend == "auto":
@@ -93,7 +95,9 @@ def attention_probs(variant, q, k, w=None, beta=None, log_fgate=None, scale=None
     Which inputs matter: fox uses log_fgate, path uses w and beta, path_fox all three.
     """
     if variant not in VARIANTS:
-        raise ValueError(f"unknown attention variant {variant!r}; valid choices: {', '.join(VARIANTS)}")
+        raise ValueError(
+            f"unknown attention variant {variant!r}; valid choices: {', '.join(VARIANTS)}"
+        )
     if variant == "sba":
         return sba_log_weights(q, k, scale).exp()
     if variant in ("nope", "rope"):

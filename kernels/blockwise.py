@@ -88,8 +88,9 @@ def _transport_within_blocks(q, k, w, beta):
     beta = beta[..., None]
     eye = torch.eye(block, dtype=q.dtype, device=q.device)
     upper = torch.ones(block, block, dtype=torch.bool, device=q.device).triu()
-    qw = (q @ w.transpose(-1, -2)).masked_fill(upper.triu(1), 0.0)  # [i, s]: H_s acts on q_i if s <= i
-    wk = (w @ k.transpose(-1, -2)).masked_fill(upper, 0.0)  # [t, j]: H_t acts on k_j if t > j
+    # qw[i, s]: H_s acts on q_i if s <= i; wk[t, j]: H_t acts on k_j if t > j.
+    qw = (q @ w.transpose(-1, -2)).masked_fill(upper.triu(1), 0.0)
+    wk = (w @ k.transpose(-1, -2)).masked_fill(upper, 0.0)
     # A = I + strictly_lower(diag(beta) W W^T); the block product is I - W^T U with
     # U = A^-1 diag(beta) W, and A^-1 restricted to [s, t] serves every interval inside the block.
     a = eye + (beta * (w @ w.transpose(-1, -2))).masked_fill(upper, 0.0)

@@ -18,9 +18,9 @@ from torch import nn
 
 from pathbench.kernels import (
     RecurrentCache,
-    compute_dtype,
     apply_rope,
     attention_probs,
+    compute_dtype,
     path_attention,
     sba_attention,
     softmax_attention,
@@ -74,6 +74,7 @@ class Attention(nn.Module):
         raise NotImplementedError
 
     def probs(self, q, k, x):
+        """[B, H, T, T] attention weights for q, k [B, T, H, D]."""
         raise NotImplementedError(f"{type(self).__name__} does not provide attention maps")
 
     def decode(self, q, k, v, x, state):

@@ -47,14 +47,18 @@ def model_config(values: dict) -> ModelConfig:
     attentions = ATTENTIONS.names()
     if config.attention not in attentions:
         raise UserError(
-            f"unknown attention {config.attention!r}; valid choices: {', '.join(sorted(attentions))}"
+            f"unknown attention {config.attention!r}; "
+            f"valid choices: {', '.join(sorted(attentions))}"
         )
     for key in ("vocab_size", "layers", "heads", "d_model", "mlp_ratio"):
         if getattr(config, key) < 1:
-            raise UserError(f"model config {key!r} must be a positive integer, got {getattr(config, key)}")
+            raise UserError(
+                f"model config {key!r} must be a positive integer, got {getattr(config, key)}"
+            )
     if config.d_model % config.heads:
         raise UserError(
-            f"model config 'd_model' ({config.d_model}) must be divisible by 'heads' ({config.heads})"
+            f"model config 'd_model' ({config.d_model}) must be divisible by "
+            f"'heads' ({config.heads})"
         )
     if config.attention == "rope" and (config.d_model // config.heads) % 2:
         raise UserError(

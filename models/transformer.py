@@ -157,6 +157,7 @@ def describe_models(layers: int, heads: int, d_model: int, vocab_size: int) -> l
         except Exception as exc:  # third-party code may fail in any way; built-ins may not
             if entry.origin == BUILTIN:
                 raise
-            row["error"] = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+            message = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+            row["error"] = message
         rows.append(row)
     return rows

@@ -204,7 +204,10 @@ def test_blockwise_gradients_match_brute_force(beta_near):
         out.backward(torch.cos(torch.arange(out.numel(), dtype=F64)).view_as(out))
         return [x.grad for x in leaves]
 
-    expected = grads(lambda q, k, v, w, b, g: brute_softmax_output(brute_path_logits(q, k, w, b, g), v))
+    def brute(q, k, v, w, beta, log_fgate):
+        return brute_softmax_output(brute_path_logits(q, k, w, beta, log_fgate), v)
+
+    expected = grads(brute)
     actual = grads(lambda *xs: path_attention_blockwise(*xs, block=8))
     for name, a, e in zip("q k v w beta log_fgate".split(), actual, expected):
         torch.testing.assert_close(a, e, rtol=0, atol=1e-10, msg=name)
@@ -287,7 +290,8 @@ def test_nope_and_rope_match_brute_force():
 def test_sba_matches_product_definition(offset):
     # offset shifts all z: mostly-open (z >> 0) and mostly-closed (z << 0) sticks.
     q, k, v, *_ = make_inputs(B=1, T=24, H=2, D=8, seed=5)
-    q = q + offset * k.mean(dim=1, keepdim=True) / k.mean(dim=1, keepdim=True).norm(dim=-1, keepdim=True)
+    mean_key = k.mean(dim=1, keepdim=True)
+    q = q + offset * mean_key / mean_key.norm(dim=-1, keepdim=True)
     weights = brute_sba_weights(q, k)
     expected = (weights @ v.transpose(1, 2)).transpose(1, 2)
     torch.testing.assert_close(sba_attention(q, k, v), expected, rtol=0, atol=1e-12)

@@ -1,4 +1,4 @@
-"""An attention variant from another package (tests/plugin), seen through `pathbench ls --models`."""
+"""An attention variant from another package (tests/plugin), as `pathbench ls --models` sees it."""
 
 import os
 import subprocess
