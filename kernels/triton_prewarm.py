@@ -37,14 +37,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     jobs = []
     for D in args.dims:
-        fwd, bwd = tp._GPU_CONFIGS["fwd"][D], tp._GPU_CONFIGS["bwd"][D]
-        for i in range(tp.TUNE_CANDIDATES):
+        for i in range(max(tp.TUNE_CANDIDATES.values())):
+            fwd = tp._GPU_CONFIGS["fwd"][D][min(i, tp.TUNE_CANDIDATES["fwd"] - 1)]
+            bwd = tp._GPU_CONFIGS["bwd"][D][min(i, tp.TUNE_CANDIDATES["bwd"] - 1)]
             for gate in ([False, True] if args.gate else [False]):
-                code = WORKER.format(fwd=fwd[min(i, len(fwd) - 1)], bwd=bwd[min(i, len(bwd) - 1)],
-                                     D=D, dtype=args.dtype, hh=True, gate=gate)
-                jobs.append((f"D={D} fwd={fwd[min(i, len(fwd) - 1)]} bwd={bwd[min(i, len(bwd) - 1)]} gate={gate}",
-                             subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, text=True)))
+                code = WORKER.format(fwd=fwd, bwd=bwd, D=D, dtype=args.dtype, hh=True, gate=gate)
+                proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+                jobs.append((f"D={D} fwd={fwd} bwd={bwd} gate={gate}", proc))
     failed = 0
     for name, proc in jobs:
         out, _ = proc.communicate()

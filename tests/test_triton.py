@@ -114,6 +114,47 @@ def test_gpu_block_size_and_several_backward_programs(monkeypatch):
     check_against_reference(make_inputs(1, 300, 1, 64, True, True))
 
 
+@pytest.mark.skipif(CUDA, reason="interpreter settings")
+def test_paired_backward_variant(monkeypatch):
+    import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(tp, "INTERPRET_PAIRED", True)
+    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
+    check_against_reference(make_inputs(2, 37, 2, 16, True, True))  # odd number of blocks
+    check_against_reference(make_inputs(1, 64, 1, 64, True, False))
+    check_against_reference(make_inputs(1, 100, 2, 32, False, True))
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU configurations")
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_every_tuned_gpu_configuration(D):
+    """Each configuration the tuner may pick, forced, in bfloat16 against float64."""
+    import pathbench.kernels.triton_path as tp
+
+    fwd, bwd = tp._GPU_CONFIGS["fwd"][D], tp._GPU_CONFIGS["bwd"][D]
+    tried = 0
+    for i in range(max(tp.TUNE_CANDIDATES.values())):
+        tp.FORCE_CONFIG.update(fwd=fwd[min(i, tp.TUNE_CANDIDATES["fwd"] - 1)],
+                               bwd=bwd[min(i, tp.TUNE_CANDIDATES["bwd"] - 1)])
+        try:
+            args = make_inputs(2, 333, 2, D, True, False, dtype=torch.bfloat16)
+            ref_args = [a.double() if a is not None else None for a in args]
+            dout = torch.randn(args[0].shape, device=DEV, dtype=torch.float64)
+            out, g = grads(path_attention_triton, args, dout)
+            ref, rg = grads(path_attention_reference, ref_args, dout)
+        except Exception as exc:
+            if "out of resource" in str(exc).lower():
+                continue
+            raise
+        finally:
+            tp.FORCE_CONFIG.clear()
+        tried += 1
+        assert rel(out, ref) <= 2e-2, (tp.FORCE_CONFIG, rel(out, ref))
+        for a, b in zip(g, rg):
+            assert rel(a, b) <= 5e-2, (i, rel(a, b))
+    assert tried
+
+
 def test_autocast_does_not_reach_the_block_algebra():
     args = make_inputs(1, 37, 2, 32)
     with torch.autocast(DEV, dtype=torch.bfloat16):
