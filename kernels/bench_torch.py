@@ -2,7 +2,8 @@
 
 Compares the materialised reference (global T x T triangular solve) with the blockwise
 implementation (per-block solves) on the CPU, same random inputs, float32, with gate. Each
-time is the median of several timed calls after one warm-up call.
+time is the fastest of several timed calls after a warm-up call (on a shared machine,
+interference only ever adds time), the two implementations taking turns.
 """
 
 from __future__ import annotations
@@ -29,20 +30,21 @@ def _int_list(ctx, param, value):
     return numbers
 
 
-def time_fwd_bwd(attention, inputs, repeats: int) -> float:
-    """Fastest milliseconds of attention(*inputs) plus a backward pass to every input."""
+def time_fwd_bwd(inputs, repeats: int) -> dict[str, float]:
+    """Fastest milliseconds of each implementation's forward plus backward to every input.
 
-    def call():
-        leaves = [x.detach().requires_grad_() for x in inputs]
-        attention(*leaves).sum().backward()
-
-    call()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return 1000 * min(times)
+    The implementations take turns within each repeat, so that a change in the machine's load
+    affects them alike.
+    """
+    times = {name: [] for name in IMPLEMENTATIONS}
+    for repeat in range(repeats + 1):  # the first round warms up
+        for name, attention in IMPLEMENTATIONS.items():
+            leaves = [x.detach().requires_grad_() for x in inputs]
+            start = time.perf_counter()
+            attention(*leaves).sum().backward()
+            if repeat > 0:
+                times[name].append(time.perf_counter() - start)
+    return {name: 1000 * min(values) for name, values in times.items()}
 
 
 def random_inputs(batch, length, heads, dim, seed=0):
@@ -77,6 +79,6 @@ def bench_torch(lengths, dims, batch, heads, threads, repeats):
     for dim in dims:
         for length in lengths:
             inputs = random_inputs(batch, length, heads, dim)
-            ms = {name: time_fwd_bwd(fn, inputs, repeats) for name, fn in IMPLEMENTATIONS.items()}
+            ms = time_fwd_bwd(inputs, repeats)
             click.echo(f"{dim:>4} {length:>6} {ms['reference']:>13.1f} {ms['blockwise']:>13.1f} "
                        f"{ms['reference'] / ms['blockwise']:>8.1f}x")
