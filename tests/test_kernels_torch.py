@@ -321,3 +321,18 @@ def test_attention_probs_of_every_variant():
         torch.testing.assert_close(probs, torch.softmax(logits, -1), rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="valid choices: nope, rope, sba, fox, path, path_fox"):
         attention_probs("alibi", q, k)
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark command
+
+
+def test_bench_torch_prints_a_row_per_size(capsys):
+    from pathbench.runners.cli import main
+
+    main(["bench", "torch", "--lengths", "70,130", "--dims", "8", "--batch", "1", "--heads", "1",
+          "--repeats", "1", "--threads", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "1 threads" in lines[0] and lines[1].split() == ["D", "T", "reference", "ms",
+                                                             "blockwise", "ms", "speed-up"]
+    assert [line.split()[:2] for line in lines[2:]] == [["8", "70"], ["8", "130"]]
