@@ -6,10 +6,11 @@
 - ``attention_probs``: the [B, H, T, T] attention weights of any built-in variant, for
   inspection; it materialises every logit (PaTH through the reference implementation).
 
-Implementations, each tested against the one before it:
-``reference`` (materialised global UT formula), ``blockwise`` (per-block solves, the CPU
-training path), ``recurrent`` (a key cache updated by each new token, for generation) and
-``triton_path`` (the GPU kernel).
+PaTH implementations: ``reference`` (the materialised global UT formula, for tests and
+attention maps), ``blockwise`` (per-block solves, the training path without Triton),
+``recurrent`` (a key cache updated in place by each new token, for generation) and
+``triton_path`` (the GPU kernel). The torch ones are tested against brute force written from
+the definitions, the Triton one against them.
 """
 
 from __future__ import annotations

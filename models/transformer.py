@@ -92,10 +92,12 @@ class Transformer(nn.Module):
         """Fresh per-layer state for decode_step (nothing seen yet)."""
         return [DecodingState() for _ in self.blocks]
 
+    @torch.no_grad()
     def decode_step(self, tokens, states: list[DecodingState]):
         """Feed one token per sequence, tokens [B]; returns the next-token logits [B, vocab_size].
 
-        Equal to forward(all tokens so far)[:, -1]; states are updated in place.
+        Equal to forward(all tokens so far)[:, -1]; states are updated in place (inference
+        only: no gradients flow through decoding).
         """
         x = self.embed(tokens)
         for block, state in zip(self.blocks, states):

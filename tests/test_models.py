@@ -79,8 +79,7 @@ def test_step_by_step_decoding_equals_forward(attention):
     tokens = random_tokens(T=70)  # longer than one block of the blockwise PaTH
     expected = model(tokens)
     states = model.start_decoding()
-    with torch.no_grad():
-        steps = torch.stack([model.decode_step(tokens[:, t], states) for t in range(70)], dim=1)
+    steps = torch.stack([model.decode_step(tokens[:, t], states) for t in range(70)], dim=1)
     torch.testing.assert_close(steps, expected, rtol=0, atol=1e-10)
 
 
