@@ -70,8 +70,12 @@ def _fns(impl, args, scale):
 
 
 def _peak_mb(fn):
+    import gc
+
     import torch
 
+    # collect earlier calls' cyclic garbage first, or its release during fn shows as negative
+    gc.collect()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()

@@ -169,6 +169,8 @@ def _kernels():
                     uj = tl.load(U + base + tile_j)
                     rw = tl.dot(r, tl.trans(wj), input_precision=PREC)
                     r = r - tl.dot(rw, uj, input_precision=PREC)
+                # RS is read back below in another register layout, i.e. by other threads
+                tl.debug_barrier()
             if HAS_GATE:
                 gq = tl.load(G + bh * Tp + offs_i)
                 dg_row = tl.zeros([BT], dtype=tl.float32)
@@ -213,171 +215,7 @@ def _kernels():
             if HAS_GATE:
                 tl.store(DGROW + bh * Tp + offs_i, dg_row)
 
-    @triton.jit(do_not_specialize=["N", "NG"])
-    def _path_bwd_pair_kernel(
-        QT, KT, V, W, U, G, SI, LSE, DO, DELTA,
-        DQT, DKP, DVP, DPP, DGROW, DGCOLP, DSI, RS,
-        N, NG, scale,
-        D: tl.constexpr, BT: tl.constexpr,
-        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr,
-    ):
-        # As _path_bwd_kernel, but each step takes two adjacent query blocks (a = 2m, b = 2m + 1;
-        # N is even), so every key block's tiles are loaded, and its partial sums read and
-        # written, once for both: half the memory traffic per query block.
-        g = tl.program_id(0)
-        bh = tl.program_id(1).to(tl.int64)
-        Tp = N * BT
-        rows = tl.arange(0, BT)
-        cols = tl.arange(0, D)
-        base = bh * Tp * D
-        own = bh * NG + g  # this program's slot in the partial buffers
-        pbase = own * Tp * D
-        rs_a = own * 2 * Tp * D  # RS holds two carries per program
-        rs_b = rs_a + Tp * D
-        gbase = own * Tp
-        dpbase = own * N * D * D
-        dd = cols[:, None] * D + cols[None, :]
-        causal = rows[None, :] <= rows[:, None]
-
-        DT = KT.dtype.element_ty
-        for m in range(g, N // 2, NG):
-            ia = 2 * m
-            offs_a = ia * BT + rows
-            offs_b = offs_a + BT
-            tile_a = offs_a[:, None] * D + cols[None, :]
-            tile_b = offs_b[:, None] * D + cols[None, :]
-            do_a = tl.load(DO + base + tile_a)
-            do_b = tl.load(DO + base + tile_b)
-            delta_a = tl.load(DELTA + bh * Tp + offs_a)
-            delta_b = tl.load(DELTA + bh * Tp + offs_b)
-            lse_a = tl.load(LSE + bh * Tp + offs_a)
-            lse_b = tl.load(LSE + bh * Tp + offs_b)
-
-            # each block's own keys
-            si_a = (bh * N + ia) * BT * BT + rows[:, None] * BT + rows[None, :]
-            si_b = si_a + BT * BT
-            p = tl.where(causal, tl.exp(tl.load(SI + si_a) - lse_a[:, None]), 0.0)
-            v_a = tl.load(V + base + tile_a)
-            ds = p * (tl.dot(do_a, tl.trans(v_a), input_precision=PREC) - delta_a[:, None])
-            tl.store(DSI + si_a, ds)
-            dv_a = tl.dot(tl.trans(p.to(DT)), do_a, input_precision=PREC)  # to key block a, below
-            p = tl.where(causal, tl.exp(tl.load(SI + si_b) - lse_b[:, None]), 0.0)
-            v_b = tl.load(V + base + tile_b)
-            ds = p * (tl.dot(do_b, tl.trans(v_b), input_precision=PREC) - delta_b[:, None])
-            tl.store(DSI + si_b, ds)
-            dv_part = tl.load(DVP + pbase + tile_b)
-            tl.store(DVP + pbase + tile_b, dv_part + tl.dot(tl.trans(p.to(DT)), do_b, input_precision=PREC))
-
-            qa = tl.load(QT + base + tile_a).to(tl.float32)
-            qb = tl.load(QT + base + tile_b).to(tl.float32)
-            ra = qa
-            rb = qb
-            if HAS_HH:
-                # replay both carries: b crosses block a first, then both go left together
-                tl.store(RS + rs_b + tile_a, rb)
-                wj = tl.load(W + base + tile_a)
-                uj = tl.load(U + base + tile_a)
-                rb = rb - tl.dot(tl.dot(rb, tl.trans(wj), input_precision=PREC), uj, input_precision=PREC)
-                for jj in range(0, ia):
-                    jb = ia - 1 - jj
-                    tile_j = (jb * BT + rows)[:, None] * D + cols[None, :]
-                    tl.store(RS + rs_a + tile_j, ra)
-                    tl.store(RS + rs_b + tile_j, rb)
-                    wj = tl.load(W + base + tile_j)
-                    uj = tl.load(U + base + tile_j)
-                    ra = ra - tl.dot(tl.dot(ra, tl.trans(wj), input_precision=PREC), uj, input_precision=PREC)
-                    rb = rb - tl.dot(tl.dot(rb, tl.trans(wj), input_precision=PREC), uj, input_precision=PREC)
-            if HAS_GATE:
-                gqa = tl.load(G + bh * Tp + offs_a)
-                gqb = tl.load(G + bh * Tp + offs_b)
-                dga = tl.zeros([BT], dtype=tl.float32)
-                dgb = tl.zeros([BT], dtype=tl.float32)
-            dra = tl.zeros([BT, D], dtype=tl.float32)
-            drb = tl.zeros([BT, D], dtype=tl.float32)
-            for jb in range(0, ia):
-                offs_j = jb * BT + rows
-                tile_j = offs_j[:, None] * D + cols[None, :]
-                if HAS_HH:
-                    ra = tl.load(RS + rs_a + tile_j)
-                    rb = tl.load(RS + rs_b + tile_j)
-                kt = tl.load(KT + base + tile_j)
-                v = tl.load(V + base + tile_j)
-                ra16 = ra.to(DT)
-                rb16 = rb.to(DT)
-                sa = tl.dot(ra16, tl.trans(kt), input_precision=PREC) * scale
-                sb = tl.dot(rb16, tl.trans(kt), input_precision=PREC) * scale
-                if HAS_GATE:
-                    gk = tl.load(G + bh * Tp + offs_j)
-                    sa += gqa[:, None] - gk[None, :]
-                    sb += gqb[:, None] - gk[None, :]
-                pa = tl.exp(sa - lse_a[:, None])
-                pb = tl.exp(sb - lse_b[:, None])
-                dsa = pa * (tl.dot(do_a, tl.trans(v), input_precision=PREC) - delta_a[:, None])
-                dsb = pb * (tl.dot(do_b, tl.trans(v), input_precision=PREC) - delta_b[:, None])
-                dsa16 = dsa.to(DT)
-                dsb16 = dsb.to(DT)
-                dv_part = tl.load(DVP + pbase + tile_j)
-                dv_part += tl.dot(tl.trans(pa.to(DT)), do_a, input_precision=PREC)
-                dv_part += tl.dot(tl.trans(pb.to(DT)), do_b, input_precision=PREC)
-                tl.store(DVP + pbase + tile_j, dv_part)
-                dk_new = tl.dot(tl.trans(dsa16), ra16, input_precision=PREC)
-                dk_new += tl.dot(tl.trans(dsb16), rb16, input_precision=PREC)
-                dk_part = tl.load(DKP + pbase + tile_j)
-                tl.store(DKP + pbase + tile_j, dk_part + scale * dk_new)
-                if HAS_GATE:
-                    dga += tl.sum(dsa, 1)
-                    dgb += tl.sum(dsb, 1)
-                    dgc = tl.load(DGCOLP + gbase + offs_j)
-                    tl.store(DGCOLP + gbase + offs_j, dgc - tl.sum(dsa, 0) - tl.sum(dsb, 0))
-                if HAS_HH:
-                    wj = tl.load(W + base + tile_j)
-                    uj = tl.load(U + base + tile_j)
-                    dpj = tl.load(DPP + dpbase + jb * D * D + dd)
-                    dpj += tl.dot(tl.trans(ra), dra, input_precision=PREC)
-                    dpj += tl.dot(tl.trans(rb), drb, input_precision=PREC)
-                    tl.store(DPP + dpbase + jb * D * D + dd, dpj)
-                    dra = dra - tl.dot(tl.dot(dra, tl.trans(uj), input_precision=PREC), wj, input_precision=PREC)
-                    drb = drb - tl.dot(tl.dot(drb, tl.trans(uj), input_precision=PREC), wj, input_precision=PREC)
-                dra += scale * tl.dot(dsa16, kt, input_precision=PREC)
-                drb += scale * tl.dot(dsb16, kt, input_precision=PREC)
-
-            # block a as a key block of block b (and a's own-block dv from above)
-            if HAS_HH:
-                rb = tl.load(RS + rs_b + tile_a)
-            else:
-                rb = qb
-            kt = tl.load(KT + base + tile_a)
-            rb16 = rb.to(DT)
-            sb = tl.dot(rb16, tl.trans(kt), input_precision=PREC) * scale
-            if HAS_GATE:
-                gk = tl.load(G + bh * Tp + offs_a)
-                sb += gqb[:, None] - gk[None, :]
-            pb = tl.exp(sb - lse_b[:, None])
-            dsb = pb * (tl.dot(do_b, tl.trans(v_a), input_precision=PREC) - delta_b[:, None])
-            dsb16 = dsb.to(DT)
-            dv_part = tl.load(DVP + pbase + tile_a)
-            tl.store(DVP + pbase + tile_a,
-                     dv_part + dv_a + tl.dot(tl.trans(pb.to(DT)), do_b, input_precision=PREC))
-            dk_part = tl.load(DKP + pbase + tile_a)
-            tl.store(DKP + pbase + tile_a, dk_part + scale * tl.dot(tl.trans(dsb16), rb16, input_precision=PREC))
-            if HAS_GATE:
-                dgb += tl.sum(dsb, 1)
-                dgc = tl.load(DGCOLP + gbase + offs_a)
-                tl.store(DGCOLP + gbase + offs_a, dgc - tl.sum(dsb, 0))
-            if HAS_HH:
-                wj = tl.load(W + base + tile_a)
-                uj = tl.load(U + base + tile_a)
-                dpj = tl.load(DPP + dpbase + ia * D * D + dd)
-                tl.store(DPP + dpbase + ia * D * D + dd, dpj + tl.dot(tl.trans(rb), drb, input_precision=PREC))
-                drb = drb - tl.dot(tl.dot(drb, tl.trans(uj), input_precision=PREC), wj, input_precision=PREC)
-            drb += scale * tl.dot(dsb16, kt, input_precision=PREC)
-            tl.store(DQT + base + tile_a, dra)
-            tl.store(DQT + base + tile_b, drb)
-            if HAS_GATE:
-                tl.store(DGROW + bh * Tp + offs_a, dga)
-                tl.store(DGROW + bh * Tp + offs_b, dgb)
-
-    _KERNELS = (_path_fwd_kernel, _path_bwd_kernel, _path_bwd_pair_kernel)
+    _KERNELS = (_path_fwd_kernel, _path_bwd_kernel)
     return _KERNELS
 
 
@@ -385,25 +223,24 @@ def _kernels():
 # Tests change these to exercise the GPU's block size and several backward programs per head.
 INTERPRET_BLOCK = 16
 INTERPRET_GROUPS = 1
-INTERPRET_PAIRED = False  # the backward variant taking two query blocks a step
 
-# GPU launch configurations per kernel and head size: (BT, num_warps, num_stages) for the
-# forward, (BT, num_warps, num_stages, paired) for the backward. For 16-bit inputs the first
-# TUNE_CANDIDATES[kind] configurations that compile are timed once per kernel specialisation
-# and sequence-length bucket on the first call, and the fastest is kept (PATHBENCH_TRITON_TUNE=0
-# takes the first that compiles, as float32 inputs always do). A configuration the compiler
-# rejects for lack of shared memory falls through to the next one.
+# GPU launch configurations (BT, num_warps, num_stages) per kernel and head size. For 16-bit
+# inputs the first TUNE_CANDIDATES configurations that compile are timed once per kernel
+# specialisation and sequence-length bucket on the first call, and the fastest is kept
+# (PATHBENCH_TRITON_TUNE=0 takes the first that compiles, as float32 inputs always do). A
+# configuration the compiler rejects for lack of shared memory falls through to the next one.
+# Tuning candidates are only configurations that passed the GPU tests (results/kernel/).
 _GPU_CONFIGS = {
     "fwd": {16: [(64, 4, 2), (32, 4, 1)],
             32: [(64, 4, 2), (128, 8, 2), (64, 4, 1), (32, 4, 1)],
             64: [(64, 4, 2), (128, 8, 2), (64, 4, 1), (32, 4, 1)],
             128: [(64, 8, 2), (64, 4, 2), (64, 8, 1), (32, 4, 1), (16, 4, 1)]},
-    "bwd": {16: [(64, 4, 2, False), (64, 4, 2, True), (32, 4, 1, False)],
-            32: [(64, 4, 2, False), (64, 4, 2, True), (128, 8, 1, False), (64, 4, 1, False), (32, 4, 1, False)],
-            64: [(64, 8, 2, False), (64, 8, 2, True), (128, 8, 1, False), (64, 8, 1, False), (32, 4, 1, False)],
-            128: [(64, 8, 1, False), (64, 8, 1, True), (32, 4, 1, False), (16, 4, 1, False)]},
+    "bwd": {16: [(64, 4, 2), (32, 4, 1)],
+            32: [(64, 4, 2), (32, 4, 1)],
+            64: [(64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 4, 1)],
+            128: [(64, 8, 1), (32, 4, 1), (16, 4, 1)]},
 }
-TUNE_CANDIDATES = {"fwd": 2, "bwd": 3}
+TUNE_CANDIDATES = {"fwd": 2, "bwd": 2}
 FORCE_CONFIG: dict = {}  # kind -> (BT, num_warps, num_stages); used to pre-compile configurations
 _CHOSEN: dict = {}
 
@@ -415,7 +252,7 @@ def _is_out_of_resources(exc: Exception) -> bool:
 def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch, tune: bool):
     """Run launch(BT, num_warps, num_stages) under the configuration chosen for key."""
     if device.type != "cuda":
-        return launch(INTERPRET_BLOCK, None, None, *((INTERPRET_PAIRED,) if kind == "bwd" else ()))
+        return launch(INTERPRET_BLOCK, None, None)
     if kind in FORCE_CONFIG:
         return launch(*FORCE_CONFIG[kind])
     if key in _CHOSEN:
@@ -581,9 +418,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
     leaves = [x.detach().requires_grad_(True) if x is not None else None for x in (q, k, w, beta, log_fgate)]
     delta_t = (grad_out.transpose(1, 2).float() * O.float()).sum(-1)  # [B, H, T]; O is [B, H, T, D]
 
-    def launch(BT, num_warps, num_stages, paired=False):
+    def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
-        N += N % 2 if paired else 0  # the paired variant takes blocks two at a time
         Tp = N * BT
         pad = (0, Tp - T)
         with torch.enable_grad():
@@ -592,7 +428,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
             dO = _to_blocks(grad_out, Tp, sd).contiguous()
             delta = torch.nn.functional.pad(delta_t, pad).contiguous()
             lse = torch.nn.functional.pad(LSE, pad).contiguous()
-            NG = _num_groups(N // 2 if paired else N, B * H, dev)
+            NG = _num_groups(N, B * H, dev)
             f32 = dict(dtype=torch.float32, device=dev)
             dummy = _dummy(dev)
             dQt = torch.empty(B, H, Tp, D, **f32)
@@ -600,10 +436,10 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
             dVp = torch.zeros(B, H, NG, Tp, D, **f32)
             dSI = torch.empty(B, H, Tp // BT, BT, BT, **f32)
             dPp = torch.zeros(B, H, NG, N, D, D, **f32) if has_hh else dummy
-            RS = torch.empty(B, H, NG, 2 if paired else 1, Tp, D, **f32) if has_hh else dummy
+            RS = torch.empty(B, H, NG, Tp, D, **f32) if has_hh else dummy
             dGrow = torch.empty(B, H, Tp, **f32) if has_gate else dummy
             dGcolp = torch.zeros(B, H, NG, Tp, **f32) if has_gate else dummy
-            _kernels()[2 if paired else 1][(NG, B * H)](
+            _kernels()[1][(NG, B * H)](
                 Qt.detach().to(sd).contiguous(), Kt.detach().to(sd).contiguous(),
                 _to_blocks(v, Tp, sd).contiguous(),
                 Wf.detach().contiguous() if has_hh else dummy,

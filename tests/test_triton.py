@@ -114,17 +114,6 @@ def test_gpu_block_size_and_several_backward_programs(monkeypatch):
     check_against_reference(make_inputs(1, 300, 1, 64, True, True))
 
 
-@pytest.mark.skipif(CUDA, reason="interpreter settings")
-def test_paired_backward_variant(monkeypatch):
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "INTERPRET_PAIRED", True)
-    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
-    check_against_reference(make_inputs(2, 37, 2, 16, True, True))  # odd number of blocks
-    check_against_reference(make_inputs(1, 64, 1, 64, True, False))
-    check_against_reference(make_inputs(1, 100, 2, 32, False, True))
-
-
 @pytest.mark.skipif(not CUDA, reason="GPU configurations")
 @pytest.mark.parametrize("D", [32, 64, 128])
 def test_every_tuned_gpu_configuration(D):
