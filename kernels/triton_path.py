@@ -225,7 +225,7 @@ INTERPRET_BLOCK = 16
 INTERPRET_GROUPS = 1
 
 # GPU launch configurations (BT, num_warps, num_stages) per kernel and head size. For 16-bit
-# inputs the first TUNE_CANDIDATES configurations that compile are timed once per kernel
+# inputs the first TUNE_CANDIDATES[kind][D] configurations that compile are timed once per kernel
 # specialisation and sequence-length bucket on the first call, and the fastest is kept
 # (PATHBENCH_TRITON_TUNE=0 takes the first that compiles, as float32 inputs always do). A
 # configuration the compiler rejects for lack of shared memory falls through to the next one.
@@ -240,7 +240,7 @@ _GPU_CONFIGS = {
             64: [(64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 4, 1)],
             128: [(64, 8, 1), (32, 4, 1), (16, 4, 1)]},
 }
-TUNE_CANDIDATES = {"fwd": 2, "bwd": 2}
+TUNE_CANDIDATES = {"fwd": {16: 1, 32: 2, 64: 2, 128: 2}, "bwd": {16: 1, 32: 1, 64: 2, 128: 2}}
 FORCE_CONFIG: dict = {}  # kind -> (BT, num_warps, num_stages); used to pre-compile configurations
 _CHOSEN: dict = {}
 
@@ -276,7 +276,7 @@ def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch, 
             result = launch(*cfg)
         torch.cuda.synchronize(device)
         timed.append(((time.perf_counter() - start) / 2, cfg))
-        if len(timed) == TUNE_CANDIDATES[kind]:
+        if len(timed) == TUNE_CANDIDATES[kind][D]:
             break
     if not timed:
         raise last

@@ -37,9 +37,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     jobs = []
     for D in args.dims:
-        for i in range(max(tp.TUNE_CANDIDATES.values())):
-            fwd = tp._GPU_CONFIGS["fwd"][D][min(i, tp.TUNE_CANDIDATES["fwd"] - 1)]
-            bwd = tp._GPU_CONFIGS["bwd"][D][min(i, tp.TUNE_CANDIDATES["bwd"] - 1)]
+        for i in range(max(tp.TUNE_CANDIDATES["fwd"][D], tp.TUNE_CANDIDATES["bwd"][D])):
+            fwd = tp._GPU_CONFIGS["fwd"][D][min(i, tp.TUNE_CANDIDATES["fwd"][D] - 1)]
+            bwd = tp._GPU_CONFIGS["bwd"][D][min(i, tp.TUNE_CANDIDATES["bwd"][D] - 1)]
             for gate in ([False, True] if args.gate else [False]):
                 code = WORKER.format(fwd=fwd, bwd=bwd, D=D, dtype=args.dtype, hh=True, gate=gate)
                 proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,

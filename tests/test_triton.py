@@ -122,9 +122,9 @@ def test_every_tuned_gpu_configuration(D):
 
     fwd, bwd = tp._GPU_CONFIGS["fwd"][D], tp._GPU_CONFIGS["bwd"][D]
     tried = 0
-    for i in range(max(tp.TUNE_CANDIDATES.values())):
-        tp.FORCE_CONFIG.update(fwd=fwd[min(i, tp.TUNE_CANDIDATES["fwd"] - 1)],
-                               bwd=bwd[min(i, tp.TUNE_CANDIDATES["bwd"] - 1)])
+    for i in range(max(tp.TUNE_CANDIDATES["fwd"][D], tp.TUNE_CANDIDATES["bwd"][D])):
+        tp.FORCE_CONFIG.update(fwd=fwd[min(i, tp.TUNE_CANDIDATES["fwd"][D] - 1)],
+                               bwd=bwd[min(i, tp.TUNE_CANDIDATES["bwd"][D] - 1)])
         try:
             args = make_inputs(2, 333, 2, D, True, False, dtype=torch.bfloat16)
             ref_args = [a.double() if a is not None else None for a in args]
