@@ -23,6 +23,10 @@ Algorithm (blocks of BT tokens, ATTENTION.md "blockwise algorithm"):
   autograd through the block-local algebra gives dq, dk, dw, dbeta and dlog_fgate.
 
 Everything accumulates in float32; the factored products (W, U) are kept in float32.
+
+Speed on an H200 (results/kernel/README.md): correct, but slower than fla-core's
+parallel_path_attn; most of the time goes to the block-local torch algebra and to the
+backward's per-program partial buffers. Both are the next things to move into Triton.
 """
 
 from __future__ import annotations
