@@ -24,6 +24,7 @@ from pathbench.runners.report import (
     MODEL_COLOURS,
     aggregate,
     min_layers_table,
+    tidy,
     to_markdown,
     varying_config_columns,
 )
@@ -45,21 +46,27 @@ def model_order(models) -> list[str]:
 
 
 def plan_panels(frame: pd.DataFrame) -> list[dict]:
-    """(title, kind, x column, runs) for every panel, in task order."""
+    """(title, kind, x column, runs) for every panel, in task order. Settings that vary other
+    than the x axis, the model and the head count split a task into several panels."""
     panels = []
     for task, runs in frame.groupby("task", sort=True):
-        task_keys = [c for c in varying_config_columns(runs) if c.startswith("task.")]
+        varying = varying_config_columns(runs)
+        if runs["d_model"].nunique() > 1:
+            varying.append("d_model")
+        task_keys = [c for c in varying if c.startswith("task.")]
         if runs["layers"].nunique() > 1:
-            groups = runs.groupby(task_keys, sort=True) if task_keys else [((), runs)]
-            for values, group in groups:
-                values = values if isinstance(values, tuple) else (values,)
-                suffix = ", ".join(f"{k[5:]}={v}" for k, v in zip(task_keys, values))
-                panels.append(dict(title=f"{task}{' (' + suffix + ')' if suffix else ''}",
-                                   kind="lines", x="layers", runs=group))
-        elif len(task_keys) == 1:
-            panels.append(dict(title=task, kind="lines", x=task_keys[0], runs=runs))
+            kind, x = "lines", "layers"
+        elif task_keys:
+            kind, x = "lines", task_keys[0]
         else:
-            panels.append(dict(title=task, kind="bars", x=None, runs=runs))
+            kind, x = "bars", None
+        split_by = [c for c in varying if c != x]
+        groups = runs.groupby(split_by, sort=True, dropna=False) if split_by else [((), runs)]
+        for values, group in groups:
+            values = values if isinstance(values, tuple) else (values,)
+            suffix = ", ".join(f"{k.split('.')[-1]}={tidy(v)}" for k, v in zip(split_by, values))
+            title = f"{task} ({suffix})" if suffix else task
+            panels.append(dict(title=title, kind=kind, x=x, runs=group))
     return panels
 
 
@@ -84,7 +91,7 @@ def draw_lines(ax, panel: dict) -> str:
                     color=colour(model, models), ls="-" if heads == table["heads"].max() else "--")
             ax.fill_between(cells[x], cells[f"{headline}_min"], cells[f"{headline}_max"],
                             color=colour(model, models), alpha=0.15, lw=0)
-            markdown_rows.append({"model": label, **{f"{x.split('.')[-1]}={v}": f"{m:.3f}"
+            markdown_rows.append({"model": label, **{f"{x.split('.')[-1]}={tidy(v)}": f"{m:.3f}"
                                   for v, m in zip(cells[x], cells[headline])}})
     threshold = table["solved_threshold"].dropna()
     if len(threshold):
@@ -95,7 +102,6 @@ def draw_lines(ax, panel: dict) -> str:
     ax.set_ylabel(f"{metric} ({headline})")
     ax.set_ylim(-0.02, 1.02) if metric == "accuracy" else None
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, frameon=False)
     title = f"{panel['title']}: {metric} ({headline}) against {ax.get_xlabel()}"
     text = f"## {title}\n\nMean over seeds at the best learning rate.\n\n"
     text += to_markdown(pd.DataFrame(markdown_rows).fillna(""))
@@ -125,18 +131,25 @@ def draw_bars(ax, panel: dict) -> str:
         bars = ax.bar(positions + (i - (len(models) - 1) / 2) * width, means, width,
                       yerr=[low, high], capsize=2, color=colour(model, models), label=model,
                       error_kw={"lw": 0.8})
-        ax.bar_label(bars, labels=[f"{m:.2g}" for m in means], fontsize=6, padding=2)
+        ax.bar_label(bars, labels=[_bar_text(m) for m in means], fontsize=6, padding=2,
+                     rotation=90)
         markdown_rows.append({"model": model, **{
             split: f"{row.get(split, np.nan):.3g} ± {row.get(f'{split}_std', np.nan):.2g}"
             for split in splits}})
     ax.set_xticks(positions, splits)
     ax.set_ylabel(f"{metric}{' (%)' if metric == 'error' else ''}")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, frameon=False, ncols=2)
+    ax.margins(y=0.18)  # room for the rotated value labels
     title = f"{panel['title']}: {metric} per split"
     text = (f"## {title}\n\nMean ± std over seeds at the best learning rate "
             f"({metric}{' in %' if metric == 'error' else ''}).\n\n")
     return text + to_markdown(pd.DataFrame(markdown_rows))
+
+
+def _bar_text(value: float) -> str:
+    if np.isnan(value):
+        return ""
+    return "0" if value == 0 else "<0.01" if abs(value) < 0.01 else f"{value:.2g}"
 
 
 def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
@@ -153,6 +166,13 @@ def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
         ax.set_title(panel["title"], fontsize=10)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
+    # One legend for the whole figure: a model has the same colour in every panel.
+    legend = {}
+    for ax in axes[: len(panels)]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    figure.legend(legend.values(), legend.keys(), loc="outside lower center",
+                  ncols=min(7, len(legend)), frameon=False, fontsize=8)
     stem = output.with_suffix("") if output.suffix in (".png", ".pdf", ".md") else output
     stem.parent.mkdir(parents=True, exist_ok=True)
     written = []

@@ -97,15 +97,16 @@ def varying_config_columns(frame: pd.DataFrame) -> list[str]:
 
 def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = True
               ) -> pd.DataFrame:
-    """One row per cell (and learning rate unless ``best_lr``): seeds, ok runs, and the mean and
-    standard deviation of ``metric`` (default: the primary metric) on every evaluation split."""
+    """One row per cell (and learning rate unless ``best_lr``): seeds, ok runs, and the mean,
+    standard deviation, min and max of ``metric`` (default: the primary metric) on every
+    evaluation split; ``score`` is the mean primary metric on the headline split."""
+    shown_config = varying_config_columns(frame)
     rows = []
     for (cell, lr), runs in frame.groupby(["cell", "lr"], sort=False):
         first = runs.iloc[0]
         name = metric or first["primary_metric"]
-        splits = first["splits"] or next((s for s in runs["splits"] if s), [])
-        row = {column: first[column] for column in NAME_COLUMNS}
-        row.update({c: first[c] for c in varying_config_columns(frame)})
+        splits = next((s for s in runs["splits"] if s), [])  # failed runs have no metrics
+        row = {column: first[column] for column in [*NAME_COLUMNS, *shown_config]}
         row.update(cell=cell, depth_free_cell=first["depth_free_cell"], lr=lr,
                    seeds=len(runs), ok=int((runs["status"] == "ok").sum()),
                    solved_threshold=first["solved_threshold"], metric=name,
@@ -113,13 +114,13 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
         for split in splits:
             column = f"{split}:{name}"
             values = runs[column].dropna() if column in runs else pd.Series(dtype=float)
-            row[split] = values.mean() if len(values) else math.nan
-            row[f"{split}_std"] = values.std(ddof=0) if len(values) else math.nan
-            row[f"{split}_min"] = values.min() if len(values) else math.nan
-            row[f"{split}_max"] = values.max() if len(values) else math.nan
-        headline_column = f"{row['headline']}:{first['primary_metric']}"
-        primary = runs[headline_column].dropna() if headline_column in runs else []
-        row["score"] = primary.mean() if len(primary) else -math.inf
+            row[split] = values.mean()
+            row[f"{split}_std"] = values.std(ddof=0)
+            row[f"{split}_min"] = values.min()
+            row[f"{split}_max"] = values.max()
+        headline = f"{row['headline']}:{first['primary_metric']}"
+        scores = runs[headline].dropna() if headline in runs else pd.Series(dtype=float)
+        row["score"] = scores.mean() if len(scores) else -math.inf
         rows.append(row)
     table = pd.DataFrame(rows)
     if best_lr and len(table):
@@ -168,19 +169,39 @@ def apply_filters(frame: pd.DataFrame, *, task=None, model=None, layers=None, he
     return frame
 
 
-def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool) -> pd.DataFrame:
-    """The columns a reader wants, in order, with mean ± std cells rendered as text."""
+def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_text: bool = True
+                  ) -> pd.DataFrame:
+    """The columns a reader wants, in order; per split "mean ± std" text or (``as_text``
+    False, for CSV) two numeric columns, SPLIT and SPLIT_std."""
     config_columns = [*NAME_COLUMNS, *varying_config_columns(frame), "lr"]
+    model_rank = {name: rank for rank, name in enumerate(MODEL_COLOURS)}  # the paper's order
+    table = table.assign(_rank=table["model"].map(model_rank).fillna(len(model_rank)))
+    table = table.sort_values(["task", "_rank", "model", *config_columns[2:],
+                               *(["seed"] if per_run else [])], kind="stable")
     if per_run:
-        metric_columns = [c for c in frame.columns if ":" in c]
-        return table[[*config_columns, "seed", "status", "steps", *metric_columns]]
+        metric_columns = [c for c in frame.columns if ":" in c and frame[c].notna().any()]
+        shown = table[[*config_columns, "seed", "status", "steps", *metric_columns]].copy()
+    else:
+        shown = table[[*config_columns, "metric"]].copy()
+    for column in config_columns:  # integers that pandas turned into floats beside NaN
+        shown[column] = [tidy(value) for value in shown[column]]
+    if per_run:
+        return shown
     splits = list(dict.fromkeys(s for split_list in frame["splits"] for s in split_list))
-    shown = table[[*config_columns, "metric"]].copy()
     shown["ok/seeds"] = [f"{ok}/{seeds}" for ok, seeds in zip(table["ok"], table["seeds"])]
     for split in splits:
-        if split in table:
+        if split not in table:
+            continue
+        if as_text:
             shown[split] = [_mean_std(m, s) for m, s in zip(table[split], table[f"{split}_std"])]
+        else:
+            shown[split], shown[f"{split}_std"] = table[split], table[f"{split}_std"]
     return shown
+
+
+def tidy(value):
+    """3.0 -> 3 (for display); anything else unchanged."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _mean_std(mean: float, std: float) -> str:
@@ -191,7 +212,9 @@ def _mean_std(mean: float, std: float) -> str:
 
 def to_markdown(frame: pd.DataFrame) -> str:
     def cell(value):
-        return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+        if isinstance(value, float):
+            return "" if math.isnan(value) else f"{value:.4g}"
+        return "" if value is None else str(value)
 
     header = "| " + " | ".join(map(str, frame.columns)) + " |"
     rule = "| " + " | ".join("---" for _ in frame.columns) + " |"
@@ -205,7 +228,7 @@ def render(frame: pd.DataFrame, fmt: str) -> str:
         return frame.to_csv(index=False).rstrip("\n")
     if fmt == "markdown":
         return to_markdown(frame)
-    return frame.to_string(index=False, na_rep="")
+    return frame.to_string(index=False, na_rep="", float_format=lambda value: f"{value:.4g}")
 
 
 def _load_filtered(directory: Path, filters: dict) -> pd.DataFrame:
@@ -248,7 +271,15 @@ def results(directory, task, model, layers, heads, status, metric, all_lrs, per_
         available = sorted({c.split(":", 1)[1] for c in frame.columns if ":" in c})
         raise UserError(f"no metric {metric!r} in these runs; available: {', '.join(available)}")
     table = frame if per_run else aggregate(frame, metric, best_lr=not all_lrs)
-    click.echo(render(display_table(table, frame, per_run), fmt))
+    if fmt == "csv":  # one machine-readable table
+        click.echo(render(display_table(table, frame, per_run, as_text=False), fmt))
+        return
+    sections = []  # one table per task, with the columns that task's runs use
+    for name, task_frame in frame.groupby("task", sort=True):
+        shown = display_table(table[table["task"] == name], task_frame, per_run)
+        heading = f"### {name}\n" if fmt == "markdown" else f"{name}:"
+        sections.append(f"{heading}\n{render(shown.drop(columns='task'), fmt)}")
+    click.echo("\n\n".join(sections))
 
 
 @click.command()

@@ -73,8 +73,10 @@ def execute_run(config: dict, out: Path, progress: bool = True) -> dict:
 
     run_dir = Path(out) / run_id(config)
     run_dir.mkdir(parents=True, exist_ok=True)
-    # A rerun of the same configuration starts clean: without result.json it counts as not done.
+    # A rerun of the same configuration starts clean: without result.json it counts as not done,
+    # and no weights of an earlier attempt stay behind.
     (run_dir / store.RESULT_FILE).unlink(missing_ok=True)
+    (run_dir / store.WEIGHTS_FILE).unlink(missing_ok=True)
     store.write_json_atomic(run_dir / store.CONFIG_FILE, config)
     curve = store.CurveWriter(run_dir)
     device = torch.device(config["device"])

@@ -103,12 +103,16 @@ def parse_grid_options(items) -> dict[str, list[str]]:
     grid = {}
     for item in items:
         key, sep, values = item.partition("=")
-        section = key.partition(".")[0]
-        if not sep or section not in SECTIONS or "." not in key or not values.strip():
+        if not sep or not _is_setting_key(key.strip()) or not values.strip():
             raise UserError(f"--grid expects SECTION.KEY=V1,V2,... with SECTION one of "
                             f"{', '.join(SECTIONS)}, got {item!r}")
         grid[key.strip()] = [value.strip() for value in values.split(",")]
     return grid
+
+
+def _is_setting_key(key: str) -> bool:
+    section, dot, name = key.partition(".")
+    return bool(dot and name) and section in SECTIONS
 
 
 # --- sweep files ----------------------------------------------------------------------------
@@ -138,6 +142,8 @@ def load_sweep_file(path: Path, seen: tuple = ()) -> tuple[dict, list[Grid]]:
         raise UserError(f"sweep file {path} includes itself")
     try:
         data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise UserError(f"cannot read sweep file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"sweep file {path} is not valid TOML: {exc}") from None
     unknown = set(data) - FILE_KEYS
@@ -206,9 +212,9 @@ def _apply(target: Grid, prefix: str, **values) -> Grid:
             raise UserError(f"{prefix}preset: unknown preset {value!r}; valid: {', '.join(PRESETS)}")
         elif key == "until_solved" and not isinstance(value, bool):
             raise UserError(f"{prefix}until_solved must be true or false, got {value!r}")
-        elif key == "grid":
-            for name in value:
-                parse_grid_options([f"{name}=x"])  # checks the SECTION.KEY form
+        elif key == "grid" and not all(_is_setting_key(name) for name in value):
+            raise UserError(f"{prefix}grid keys must be SECTION.KEY with SECTION one of "
+                            f"{', '.join(SECTIONS)}, got {', '.join(value)}")
         setattr(target, key, value)
     return target
 
@@ -234,60 +240,64 @@ def _summary(record: dict) -> dict:
     return {"run_id": record["run_id"], "status": record["status"], "reason": record["reason"]}
 
 
+class _Worker:
+    """One spawned worker process (spawned, not forked, so that CUDA works in it) and the run
+    it is training, if any."""
+
+    def __init__(self, context, threads: int):
+        self.connection, child_end = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child_end, threads), daemon=True)
+        self.process.start()
+        child_end.close()
+        self.run: str | None = None
+
+
 class LocalPool:
-    """``workers`` processes (spawned, so CUDA works in them) that train runs in parallel."""
+    """``workers`` processes that train runs in parallel, one run each at a time."""
 
     def __init__(self, workers: int):
         self.context = multiprocessing.get_context("spawn")
-        self.threads = max(1, (os.cpu_count() or 1) // workers)
-        self.workers = [self._start() for _ in range(workers)]
-
-    def _start(self):
-        parent_end, child_end = self.context.Pipe()
-        process = self.context.Process(target=_serve, args=(child_end, self.threads),
-                                       daemon=True)
-        process.start()
-        child_end.close()
-        return {"process": process, "connection": parent_end, "run": None}
+        self.threads = max(1, (os.cpu_count() or 1) // workers)  # torch threads per worker
+        self.workers = [_Worker(self.context, self.threads) for _ in range(workers)]
 
     def run(self, configs: list[dict], out: Path, report) -> None:
         """Train every config; ``report(run_id, summary or None)`` is called as each ends
-        (None: the worker died, the run is not done)."""
+        (None: the worker died, and the run is not done)."""
         pending = list(reversed(configs))
-        while pending or any(worker["run"] for worker in self.workers):
+        while pending or any(worker.run for worker in self.workers):
             for index, worker in enumerate(self.workers):
-                if worker["run"] is None and pending:
-                    if not worker["process"].is_alive():  # died while idle
-                        self.workers[index] = worker = self._start()
+                if worker.run is None and pending:
+                    if not worker.process.is_alive():  # it died while idle
+                        self.workers[index] = worker = _Worker(self.context, self.threads)
                     config = pending.pop()
-                    worker["run"] = run_id(config)
-                    worker["connection"].send((config, str(out)))
-            busy = [worker for worker in self.workers if worker["run"]]
-            ready = wait([w["connection"] for w in busy] + [w["process"].sentinel for w in busy])
+                    worker.run = run_id(config)
+                    worker.connection.send((config, str(out)))
+            busy = [worker for worker in self.workers if worker.run]
+            ready = wait([w.connection for w in busy] + [w.process.sentinel for w in busy])
             for index, worker in enumerate(self.workers):
-                if worker["run"] is None:
+                if worker.run is None or not (
+                        worker.connection in ready or worker.process.sentinel in ready):
                     continue
-                if worker["connection"] in ready or worker["process"].sentinel in ready:
-                    try:
-                        summary = worker["connection"].recv()
-                    except (EOFError, OSError):  # the worker died mid-run
-                        summary = None
-                        worker["process"].join()
-                        self.workers[index] = worker = {**self._start(), "run": worker["run"]}
-                    report(worker["run"], summary)
-                    worker["run"] = None
+                try:
+                    summary = worker.connection.recv()
+                except (EOFError, OSError):  # the worker died mid-run
+                    summary = None
+                    worker.process.join()
+                    self.workers[index] = _Worker(self.context, self.threads)
+                report(worker.run, summary)
+                worker.run = None
 
     def close(self) -> None:
         for worker in self.workers:
-            if worker["process"].is_alive():
+            if worker.process.is_alive():
                 try:
-                    worker["connection"].send(None)
+                    worker.connection.send(None)  # asks the worker to exit
                 except OSError:
                     pass
         for worker in self.workers:
-            worker["process"].join(timeout=5)
-            if worker["process"].is_alive():
-                worker["process"].kill()
+            worker.process.join(timeout=5)
+            if worker.process.is_alive():
+                worker.process.kill()
 
 
 def _submitit_job(config: dict, out: str) -> dict:

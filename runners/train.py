@@ -1,7 +1,7 @@
 """The training and evaluation loop of one run.
 
-Training draws a fresh batch from ``task.generate`` every step, so a model never sees the same
-sequence twice; the batch seeds form a stream derived from the run seed. Evaluation data is fixed
+Training draws fresh batches from ``task.generate``, so a model never sees the same sequence
+twice; the seeds of the draws form a stream derived from the run seed. Evaluation data is fixed
 and shared by every run of a task config: a validation set (drawn from the train distribution
 with a reserved seed) decides early stopping, and each evaluation split (``task.splits[1:]``) is
 generated with the same fixed seed, so all runs are scored on identical sequences; the dataset
@@ -14,6 +14,7 @@ bf16 autocast on CUDA (float32 on CPU). A NaN or infinite loss ends the run as "
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -26,14 +27,33 @@ from tqdm import tqdm
 from pathbench.runners.config import TrainConfig
 
 IGNORE = -100  # target value of positions that are not scored
-VALIDATION_SEED = 2**32 - 1  # reserved for the validation set; see batch_seed
+VALIDATION_SEED = 2**32 - 1  # reserved for the validation set; see draw_seed
 EVALUATION_SEED = 0  # every evaluation split is generated with this seed
 
 
-def batch_seed(run_seed: int, step: int) -> int:
-    """The seed of training batch ``step``: a 32-bit value from a stream keyed by the run seed.
-    It equals VALIDATION_SEED with probability 2**-32 per step, which we accept."""
-    return int(np.random.SeedSequence([run_seed, step]).generate_state(1)[0])
+# Training sequences are drawn about this many at a time (one generate call feeds several
+# steps): some generators have a fixed cost per call that would otherwise dominate a GPU step.
+SEQUENCES_PER_DRAW = 1024
+LOSS_READ_EVERY = 20  # steps between reads of the loss from the device (divergence checks)
+
+
+def draw_seed(run_seed: int, draw: int) -> int:
+    """The seed of the ``draw``-th training draw: a 32-bit value from a stream keyed by the run
+    seed. It equals VALIDATION_SEED with probability 2**-32 per draw, which we accept."""
+    return int(np.random.SeedSequence([run_seed, draw]).generate_state(1)[0])
+
+
+def training_batches(task, batch_size: int, run_seed: int, device: torch.device):
+    """Fresh training batches forever: (inputs, targets) tensors of ``batch_size`` rows on
+    ``device``. Each draw is copied to the device whole, one transfer for several steps."""
+    steps_per_draw = max(1, SEQUENCES_PER_DRAW // batch_size)
+    for draw in itertools.count():
+        data = task.generate(steps_per_draw * batch_size, draw_seed(run_seed, draw),
+                             task.splits[0])
+        inputs = torch.from_numpy(data.inputs).to(device)
+        targets = torch.from_numpy(data.targets).to(device)
+        for start in range(0, steps_per_draw * batch_size, batch_size):
+            yield inputs[start : start + batch_size], targets[start : start + batch_size]
 
 
 @dataclass
@@ -89,14 +109,14 @@ def _autocast(device: torch.device):
 def evaluate(model, task, dataset, split: str, batch_size: int, device: torch.device) -> dict:
     """Task metrics of the model's argmax predictions on one fixed dataset."""
     model.eval()
+    inputs = torch.from_numpy(dataset.inputs).to(device)
     predictions = []
-    for start in range(0, len(dataset.inputs), batch_size):
-        inputs = torch.from_numpy(dataset.inputs[start : start + batch_size]).to(device)
+    for start in range(0, len(inputs), batch_size):
         with _autocast(device):
-            logits = model(inputs)
-        predictions.append(logits.argmax(dim=-1).cpu().numpy())
+            predictions.append(model(inputs[start : start + batch_size]).argmax(dim=-1))
     model.train()
-    return to_jsonable(task.metrics(np.concatenate(predictions), dataset.targets, split))
+    predictions = torch.cat(predictions).cpu().numpy()
+    return to_jsonable(task.metrics(predictions, dataset.targets, split))
 
 
 def to_jsonable(value):
@@ -130,61 +150,74 @@ def train(model, task, train_config: TrainConfig, seed: int, device: torch.devic
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, config.steps, config.warmup)
     )
-    loss_sum, correct, scored, interval_steps = 0.0, torch.zeros((), dtype=torch.long, device=device), 0, 0
+    # Statistics stay on the device and are read back every LOSS_READ_EVERY steps: reading a
+    # value each step would stall the GPU queue at every step.
+    unread_losses: list[torch.Tensor] = []
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    scored = torch.zeros((), dtype=torch.long, device=device)
+    loss_sum, interval_steps, last_loss = 0.0, 0, math.nan
     validation: dict = {}
     stopped_early = False
     bar = tqdm(total=config.steps, desc=label, disable=not progress, dynamic_ncols=True,
-               leave=True, mininterval=0.5)
+               mininterval=0.5)
     start = time.perf_counter()
+    batches = training_batches(task, config.batch_size, seed, device)
     step = 0
     for step in range(1, config.steps + 1):
-        batch = task.generate(config.batch_size, batch_seed(seed, step), task.splits[0])
-        inputs = torch.from_numpy(batch.inputs).to(device, non_blocking=True)
-        targets = torch.from_numpy(batch.targets).to(device, non_blocking=True)
+        inputs, targets = next(batches)
         with _autocast(device):
             logits = model(inputs)
-        loss = F.cross_entropy(
-            logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE
-        )
-        loss_value = loss.item()
-        if not math.isfinite(loss_value):
-            bar.close()
-            return Outcome("diverged", step, False, validation=validation,
-                           reason=f"loss became {loss_value} at step {step}",
-                           dataset_hash=data_hash)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                               ignore_index=IGNORE)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         schedule.step()
-
+        unread_losses.append(loss.detach())
         mask = targets != IGNORE
-        correct += (logits.argmax(dim=-1) == targets)[mask].sum()
-        scored += int(mask.sum())
-        loss_sum += loss_value
-        interval_steps += 1
-        bar.update(1)
-        if step % 10 == 0:
-            bar.set_postfix(loss=f"{loss_value:.4f}", acc=f"{correct.item() / max(1, scored):.3f}",
-                            **({"val": f"{validation[primary]:.3f}"} if validation else {}))
+        correct += ((logits.argmax(dim=-1) == targets) & mask).sum()
+        scored += mask.sum()
 
-        if step % config.eval_every == 0 or step == config.steps:
-            validation = evaluate(model, task, validation_set, task.splits[0],
-                                  config.batch_size, device)
-            curve.append({
-                "step": step,
-                "lr": schedule.get_last_lr()[0],
-                "loss": loss_sum / interval_steps,
-                "accuracy": correct.item() / max(1, scored),
-                "validation": validation,
-                "elapsed_s": round(time.perf_counter() - start, 3),
-            })
-            loss_sum, interval_steps, scored = 0.0, 0, 0
-            correct.zero_()
-            bar.set_postfix(loss=f"{loss_value:.4f}", val=f"{validation[primary]:.3f}")
-            if config.early_stop is not None and validation[primary] >= config.early_stop:
-                stopped_early = step < config.steps
-                break
+        evaluate_now = step % config.eval_every == 0 or step == config.steps
+        if len(unread_losses) < LOSS_READ_EVERY and not evaluate_now:
+            continue
+        losses = torch.stack(unread_losses).tolist()
+        unread_losses.clear()
+        for offset, value in enumerate(losses):
+            if not math.isfinite(value):
+                bar.close()
+                bad_step = step - len(losses) + 1 + offset
+                return Outcome("diverged", bad_step, False, validation=validation,
+                               reason=f"loss became {value} at step {bad_step}",
+                               dataset_hash=data_hash)
+        loss_sum += sum(losses)
+        interval_steps += len(losses)
+        last_loss = losses[-1]
+        bar.update(len(losses))
+        bar.set_postfix(loss=f"{last_loss:.4f}",
+                        acc=f"{correct.item() / max(1, scored.item()):.3f}",
+                        **({"val": f"{validation[primary]:.3f}"} if validation else {}))
+        if not evaluate_now:
+            continue
+
+        validation = evaluate(model, task, validation_set, task.splits[0],
+                              config.batch_size, device)
+        curve.append({
+            "step": step,
+            "lr": schedule.get_last_lr()[0],
+            "loss": loss_sum / interval_steps,
+            "accuracy": correct.item() / max(1, scored.item()),
+            "validation": validation,
+            "elapsed_s": round(time.perf_counter() - start, 3),
+        })
+        loss_sum, interval_steps = 0.0, 0
+        correct.zero_()
+        scored.zero_()
+        bar.set_postfix(loss=f"{last_loss:.4f}", val=f"{validation[primary]:.3f}")
+        if config.early_stop is not None and validation[primary] >= config.early_stop:
+            stopped_early = step < config.steps
+            break
     bar.close()
 
     metrics = {

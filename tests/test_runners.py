@@ -54,6 +54,8 @@ def test_later_sources_win():
     assert paper["task"]["config"]["length"] == 512  # the paper's setting
     cpu = resolve_run("flipflop", device="cpu")
     assert cpu["preset"] == "cpu"
+    assert cpu["task"]["config"]["length"] == 128 and cpu["train"]["steps"] == 600
+    assert cpu["model"] == paper["model"]  # the cpu preset shrinks the data, not the model
     forced = resolve_run("flipflop", device="cpu", preset="paper")
     assert forced["task"] == paper["task"] and forced["train"] == paper["train"]
 

@@ -133,11 +133,11 @@ def test_sweep_file_resume_results_plot_inspect(tmp_path, capsys):
 
     code, stdout, _ = cli(capsys, "results", out, "--format", "csv")
     lines = stdout.strip().splitlines()
-    assert lines[0].startswith("task,model,layers,heads,d_model,lr,metric,ok/seeds,test,")
+    assert lines[0].startswith("task,model,layers,heads,d_model,lr,metric,ok/seeds,test,test_std,")
     assert len(lines) == 3  # path and rope, each averaged over two seeds
     code, stdout, _ = cli(capsys, "results", out, "--model", "path", "--runs",
                           "--format", "markdown")
-    assert stdout.count("| flipflop | path |") == 2
+    assert stdout.startswith("### flipflop") and stdout.count("| path | 1 | 2 | 16 |") == 2
 
     code, stdout, _ = cli(capsys, "plot", out, "-o", tmp_path / "figures" / "flipflop")
     assert code == 0
