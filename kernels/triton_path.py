@@ -219,7 +219,151 @@ def _kernels():
             if HAS_GATE:
                 tl.store(DGROW + bh * Tp + offs_i, dg_row)
 
-    _KERNELS = (_path_fwd_kernel, _path_bwd_kernel)
+    @triton.jit(do_not_specialize=["T", "H", "N"])
+    def _prep_fwd_kernel(
+        Q, K, W, BETA, G, QT, KT, WB, UB, SI,
+        T, H, N, scale,
+        D: tl.constexpr, BT: tl.constexpr,
+        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr,
+    ):
+        ib = tl.program_id(0)
+        bh = tl.program_id(1).to(tl.int64)
+        b = bh // H
+        h = bh % H
+        Tp = N * BT
+        rows = tl.arange(0, BT)
+        cols = tl.arange(0, D)
+        t = ib * BT + rows
+        valid = t < T
+        src = b * T * H * D + t[:, None] * (H * D) + h * D + cols[None, :]
+        dst = bh * Tp * D + t[:, None] * D + cols[None, :]
+        q = tl.load(Q + src, mask=valid[:, None], other=0.0).to(tl.float32)
+        k = tl.load(K + src, mask=valid[:, None], other=0.0).to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC)
+        if HAS_HH:
+            w = tl.load(W + src, mask=valid[:, None], other=0.0).to(tl.float32)
+            beta = tl.load(BETA + b * T * H + t * H + h, mask=valid, other=0.0).to(tl.float32)
+            wb = w * beta[:, None]
+            LT = tl.dot(w, tl.trans(wb), input_precision="ieee")
+            LT = tl.where(rows[:, None] < rows[None, :], LT, 0.0)
+            # X = (I + L)^{-1} by forward substitution: row i is e_i - sum_{s<i} L[i, s] X[s, :]
+            X = tl.zeros([BT, BT], dtype=tl.float32)
+            for i in range(BT):
+                li = tl.sum(tl.where(rows[None, :] == i, LT, 0.0), 1)  # L[i, s] (LT = L^T) over s
+                xi = tl.where(rows == i, 1.0, 0.0) - tl.sum(li[:, None] * X, 0)
+                X = tl.where(rows[:, None] == i, xi[None, :], X)
+            u = tl.dot(X, wb, input_precision="ieee")
+            R = tl.dot(tl.trans(X), w, input_precision="ieee") * beta[:, None]
+            QW = tl.where(rows[None, :] <= rows[:, None], tl.dot(q, tl.trans(w), input_precision=PREC), 0.0)
+            WK = tl.where(rows[:, None] > rows[None, :], tl.dot(w, tl.trans(k), input_precision=PREC), 0.0)
+            q = q - tl.dot(QW, u, input_precision=PREC)
+            k = k - tl.dot(tl.trans(WK), R, input_precision=PREC)
+            E = tl.dot(X, WK * beta[:, None], input_precision=PREC)
+            s = s - tl.dot(QW, E, input_precision=PREC)
+            tl.store(WB + dst, w)
+            tl.store(UB + dst, u)
+        s = s * scale
+        if HAS_GATE:
+            g = tl.load(G + bh * Tp + t)
+            s += g[:, None] - g[None, :]
+        tl.store(SI + (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :], s)
+        tl.store(QT + dst, q.to(QT.dtype.element_ty))
+        tl.store(KT + dst, k.to(KT.dtype.element_ty))
+
+    @triton.jit(do_not_specialize=["T", "H", "N"])
+    def _prep_bwd_kernel(
+        Q, K, W, BETA, DQT, DKT, DSI, DP,
+        DQ, DK, DW, DBETA, DGL,
+        T, H, N, scale,
+        D: tl.constexpr, BT: tl.constexpr,
+        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr,
+    ):
+        ib = tl.program_id(0)
+        bh = tl.program_id(1).to(tl.int64)
+        b = bh // H
+        h = bh % H
+        Tp = N * BT
+        rows = tl.arange(0, BT)
+        cols = tl.arange(0, D)
+        t = ib * BT + rows
+        valid = t < T
+        src = b * T * H * D + t[:, None] * (H * D) + h * D + cols[None, :]
+        dst = bh * Tp * D + t[:, None] * D + cols[None, :]
+        q = tl.load(Q + src, mask=valid[:, None], other=0.0).to(tl.float32)
+        k = tl.load(K + src, mask=valid[:, None], other=0.0).to(tl.float32)
+        dqt = tl.load(DQT + dst)
+        dkt = tl.load(DKT + dst)
+        ds = tl.load(DSI + (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :])
+        ds = tl.where(rows[None, :] <= rows[:, None], ds, 0.0)
+        if HAS_GATE:
+            tl.store(DGL + bh * Tp + t, tl.sum(ds, 1) - tl.sum(ds, 0))
+        ds = ds * scale
+        dq = dqt + tl.dot(ds, k, input_precision=PREC)
+        dk = dkt + tl.dot(tl.trans(ds), q, input_precision=PREC)
+        if HAS_HH:
+            w = tl.load(W + src, mask=valid[:, None], other=0.0).to(tl.float32)
+            beta = tl.load(BETA + b * T * H + t * H + h, mask=valid, other=0.0).to(tl.float32)
+            wb = w * beta[:, None]
+            LT = tl.dot(w, tl.trans(wb), input_precision="ieee")
+            LT = tl.where(rows[:, None] < rows[None, :], LT, 0.0)
+            # X = (I + L)^{-1} by forward substitution: row i is e_i - sum_{s<i} L[i, s] X[s, :]
+            X = tl.zeros([BT, BT], dtype=tl.float32)
+            for i in range(BT):
+                li = tl.sum(tl.where(rows[None, :] == i, LT, 0.0), 1)  # L[i, s] (LT = L^T) over s
+                xi = tl.where(rows == i, 1.0, 0.0) - tl.sum(li[:, None] * X, 0)
+                X = tl.where(rows[:, None] == i, xi[None, :], X)
+            u = tl.dot(X, wb, input_precision="ieee")
+            M2 = tl.dot(tl.trans(X), w, input_precision="ieee")
+            R = M2 * beta[:, None]
+            QW = tl.where(rows[None, :] <= rows[:, None], tl.dot(q, tl.trans(w), input_precision=PREC), 0.0)
+            WK = tl.where(rows[:, None] > rows[None, :], tl.dot(w, tl.trans(k), input_precision=PREC), 0.0)
+            WKb = WK * beta[:, None]
+            E = tl.dot(X, WKb, input_precision=PREC)
+            dd = cols[:, None] * D + cols[None, :]
+            dP = tl.load(DP + (bh * N + ib) * D * D + dd)
+            # Qt = Q - QW U;  the block product M = I - W^T U
+            du = -tl.dot(tl.trans(QW), dqt, input_precision=PREC) - tl.dot(w, dP, input_precision=PREC)
+            dw = -tl.dot(u, tl.trans(dP), input_precision=PREC)
+            dQW = -tl.dot(dqt, tl.trans(u), input_precision=PREC) - tl.dot(ds, tl.trans(E), input_precision=PREC)
+            # Kt = K - WK^T R
+            dWK = -tl.dot(R, tl.trans(dkt), input_precision=PREC)
+            dR = -tl.dot(WK, dkt, input_precision=PREC)
+            # S -= QW E, E = X diag(beta) WK
+            dE = -tl.dot(tl.trans(QW), ds, input_precision=PREC)
+            dX = tl.dot(dE, tl.trans(WKb), input_precision=PREC)
+            XtdE = tl.dot(tl.trans(X), dE, input_precision=PREC)
+            dWK += XtdE * beta[:, None]
+            dbeta = tl.sum(XtdE * WK, 1)
+            # U = X diag(beta) W
+            dX += tl.dot(du, tl.trans(wb), input_precision=PREC)
+            dwb = tl.dot(tl.trans(X), du, input_precision=PREC)
+            dw += dwb * beta[:, None]
+            dbeta += tl.sum(dwb * w, 1)
+            # R = diag(beta) X^T W
+            dbeta += tl.sum(dR * M2, 1)
+            dM2 = dR * beta[:, None]
+            dX += tl.dot(w, tl.trans(dM2), input_precision=PREC)
+            dw += tl.dot(X, dM2, input_precision=PREC)
+            # X = (I + L)^{-1}: dL = strictly_lower(-X^T dX X^T)
+            dL = -tl.dot(tl.dot(tl.trans(X), dX, input_precision=PREC), tl.trans(X), input_precision=PREC)
+            dL = tl.where(rows[:, None] > rows[None, :], dL, 0.0)
+            # L = strictly_lower(diag(beta) W W^T)
+            WW = tl.dot(w, tl.trans(w), input_precision=PREC)
+            dbeta += tl.sum(dL * WW, 1)
+            dLb = dL * beta[:, None]
+            dw += tl.dot(dLb, w, input_precision=PREC) + tl.dot(tl.trans(dLb), w, input_precision=PREC)
+            # QW = tril(Q W^T), WK = strictly_lower(W K^T)
+            dQW = tl.where(rows[None, :] <= rows[:, None], dQW, 0.0)
+            dWK = tl.where(rows[:, None] > rows[None, :], dWK, 0.0)
+            dq += tl.dot(dQW, w, input_precision=PREC)
+            dw += tl.dot(tl.trans(dQW), q, input_precision=PREC) + tl.dot(dWK, k, input_precision=PREC)
+            dk += tl.dot(tl.trans(dWK), w, input_precision=PREC)
+            tl.store(DW + src, dw, mask=valid[:, None])
+            tl.store(DBETA + b * T * H + t * H + h, dbeta, mask=valid)
+        tl.store(DQ + src, dq, mask=valid[:, None])
+        tl.store(DK + src, dk, mask=valid[:, None])
+
+    _KERNELS = (_path_fwd_kernel, _path_bwd_kernel, _prep_fwd_kernel, _prep_bwd_kernel)
     return _KERNELS
 
 
@@ -314,45 +458,45 @@ def _to_blocks(x: torch.Tensor, Tp: int, dtype=torch.float32) -> torch.Tensor:
     return x
 
 
-def _local(q, k, w, beta, log_fgate, scale, BT, Tp):
-    """Block-local algebra in float32 torch (differentiable).
+def _kernel_inputs(q, k, w, beta):
+    """q, k, w, beta contiguous in the [B, T, H(, D)] layout, in dtypes the kernels load.
 
-    Returns the tensors the kernels read, each [B, H, Tp(, D)] or [B, H, N, BT, BT]:
-    (Qt, Kt, W, U, G, SI), with W, U, G None where unused.
-    """
-    B, T, H, D = q.shape
-    N = Tp // BT
-    Q = _to_blocks(q, Tp)
-    K = _to_blocks(k, Tp)
-    Qb = Q.view(B, H, N, BT, D)
-    Kb = K.view(B, H, N, BT, D)
-    SI = Qb @ Kb.transpose(-1, -2)
-    Wf = U = Gf = None
+    w and beta go to float32; q and k keep their dtype (bfloat16 becomes float32 under the CPU
+    interpreter, which has no bfloat16 arithmetic)."""
+    if q.device.type != "cuda" and q.dtype == torch.bfloat16:
+        q, k = q.float(), k.float()
+    q, k = q.contiguous(), k.contiguous()
     if w is not None:
-        Wf = _to_blocks(w, Tp)
-        bf = _to_blocks(beta, Tp)
-        Wb = Wf.view(B, H, N, BT, D)
-        bb = bf.view(B, H, N, BT)
-        eye = torch.eye(BT, dtype=torch.float32, device=q.device)
-        tmat = eye + torch.tril(bb[..., :, None] * (Wb @ Wb.transpose(-1, -2)), diagonal=-1)
-        A = torch.linalg.solve_triangular(tmat, torch.diag_embed(bb), upper=False)
-        Ub = A @ Wb
-        le = torch.ones(BT, BT, dtype=torch.bool, device=q.device).tril()
-        gt = torch.ones(BT, BT, dtype=torch.bool, device=q.device).tril(-1)
-        qw = (Qb @ Wb.transpose(-1, -2)).masked_fill(~le, 0.0)  # [i, s], s <= i
-        wk = (Wb @ Kb.transpose(-1, -2)).masked_fill(~gt, 0.0)  # [t, j], t > j
-        SI = SI - qw @ (A @ wk)
-        Qt = (Qb - qw @ Ub).view(B, H, Tp, D)
-        Kt = (Kb - wk.transpose(-1, -2) @ (A.transpose(-1, -2) @ Wb)).view(B, H, Tp, D)
-        U = Ub.view(B, H, Tp, D)
-    else:
-        Qt, Kt = Q, K
-    SI = SI * scale
-    if log_fgate is not None:
-        Gf = torch.cumsum(_to_blocks(log_fgate, Tp), dim=-1)
-        Gb = Gf.view(B, H, N, BT)
-        SI = SI + Gb[..., :, None] - Gb[..., None, :]
-    return Qt, Kt, Wf, U, Gf, SI
+        w, beta = w.float().contiguous(), beta.float().contiguous()
+    return q, k, w, beta
+
+
+def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts):
+    """Block-local algebra (Triton, one program per block): (Qt, Kt, W, U, SI)."""
+    B, T, H, D = q.shape
+    dev = q.device
+    Tp = N * BT
+    f32 = dict(dtype=torch.float32, device=dev)
+    has_hh = w is not None
+    dummy = _dummy(dev)
+    Qt = torch.empty(B, H, Tp, D, dtype=sd, device=dev)
+    Kt = torch.empty(B, H, Tp, D, dtype=sd, device=dev)
+    Wb = torch.empty(B, H, Tp, D, **f32) if has_hh else None
+    Ub = torch.empty(B, H, Tp, D, **f32) if has_hh else None
+    SI = torch.empty(B, H, N, BT, BT, **f32)
+    _kernels()[2][(N, B * H)](
+        q, k, w if has_hh else dummy, beta if has_hh else dummy, dummy if G is None else G,
+        Qt, Kt, dummy if Wb is None else Wb, dummy if Ub is None else Ub, SI,
+        T, H, N, float(scale),
+        D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=G is not None, PREC=prec, **launch_opts,
+    )
+    return Qt, Kt, Wb, Ub, SI
+
+
+def _gate_cumsum(log_fgate, Tp):
+    if log_fgate is None:
+        return None
+    return torch.cumsum(_to_blocks(log_fgate, Tp), dim=-1).contiguous()
 
 
 def _prec(dtype: torch.dtype, device: torch.device) -> str:
@@ -384,28 +528,37 @@ def _spec_key(kind, q, has_hh, has_gate):
     return (kind, q.shape[-1], q.dtype, has_hh, has_gate, q.device.index, bucket)
 
 
+def _prep_opts(num_warps):
+    if num_warps is None:
+        return {}
+    return {"num_warps": 4, "num_stages": 1}
+
+
 def _forward(q, k, v, w, beta, log_fgate, scale):
     B, T, H, D = q.shape
     dev = q.device
     sd = _storage_dtype(q)
     has_hh, has_gate = w is not None, log_fgate is not None
+    qk, kk, wk, bk = _kernel_inputs(q, k, w, beta)
+    prec = _prec(q.dtype, dev)
 
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
         Tp = N * BT
-        Qt, Kt, Wf, U, Gf, SI = _local(q, k, w, beta, log_fgate, scale, BT, Tp)
+        Gf = _gate_cumsum(log_fgate, Tp)
+        Qt, Kt, Wf, U, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps))
         dummy = _dummy(dev)
         O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
         LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
         _kernels()[0][(N, B * H)](
-            Qt.to(sd).contiguous(), Kt.to(sd).contiguous(), _to_blocks(v, Tp, sd).contiguous(),
-            dummy if Wf is None else Wf.contiguous(),
-            dummy if U is None else U.contiguous(),
-            dummy if Gf is None else Gf.contiguous(),
-            SI.contiguous(), O, LSE,
+            Qt, Kt, _to_blocks(v, Tp, sd).contiguous(),
+            dummy if Wf is None else Wf,
+            dummy if U is None else U,
+            dummy if Gf is None else Gf,
+            SI, O, LSE,
             N, float(scale),
             D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
-            PREC=_prec(q.dtype, dev), HH16=q.dtype != torch.float32, **_launch_opts(num_warps, num_stages),
+            PREC=prec, HH16=q.dtype != torch.float32, **_launch_opts(num_warps, num_stages),
         )
         return O[:, :, :T], LSE[:, :, :T]
 
@@ -419,57 +572,64 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
     dev = q.device
     sd = _storage_dtype(q)
     has_hh, has_gate = w is not None, log_fgate is not None
-    leaves = [x.detach().requires_grad_(True) if x is not None else None for x in (q, k, w, beta, log_fgate)]
+    qk, kk, wk, bk = _kernel_inputs(q, k, w, beta)
+    prec = _prec(q.dtype, dev)
     delta_t = (grad_out.transpose(1, 2).float() * O.float()).sum(-1)  # [B, H, T]; O is [B, H, T, D]
 
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
         Tp = N * BT
         pad = (0, Tp - T)
-        with torch.enable_grad():
-            Qt, Kt, Wf, U, Gf, SI = _local(*leaves, scale, BT, Tp)
-        with torch.no_grad():
-            dO = _to_blocks(grad_out, Tp, sd).contiguous()
-            delta = torch.nn.functional.pad(delta_t, pad).contiguous()
-            lse = torch.nn.functional.pad(LSE, pad).contiguous()
-            NG = _num_groups(N, B * H, dev)
-            f32 = dict(dtype=torch.float32, device=dev)
-            dummy = _dummy(dev)
-            dQt = torch.empty(B, H, Tp, D, **f32)
-            dKp = torch.zeros(B, H, NG, Tp, D, **f32)
-            dVp = torch.zeros(B, H, NG, Tp, D, **f32)
-            dSI = torch.empty(B, H, Tp // BT, BT, BT, **f32)
-            dPp = torch.zeros(B, H, NG, N, D, D, **f32) if has_hh else dummy
-            RS = torch.empty(B, H, NG, Tp, D, **f32) if has_hh else dummy
-            dGrow = torch.empty(B, H, Tp, **f32) if has_gate else dummy
-            dGcolp = torch.zeros(B, H, NG, Tp, **f32) if has_gate else dummy
-            _kernels()[1][(NG, B * H)](
-                Qt.detach().to(sd).contiguous(), Kt.detach().to(sd).contiguous(),
-                _to_blocks(v, Tp, sd).contiguous(),
-                Wf.detach().contiguous() if has_hh else dummy,
-                U.detach().contiguous() if has_hh else dummy,
-                Gf.detach().contiguous() if has_gate else dummy,
-                SI.detach().contiguous(), lse, dO, delta,
-                dQt, dKp, dVp, dPp, dGrow, dGcolp, dSI, RS,
-                N, NG, float(scale),
-                D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
-                PREC=_prec(q.dtype, dev), **_launch_opts(num_warps, num_stages),
-            )
-            # partial sums over the programs of a head, in a fixed order
-            outs, grads = [Qt, Kt, SI], [dQt, dKp.sum(2), dSI]
-            if has_hh:
-                dP = dPp.sum(2)  # dL/dP per block, [B, H, N, D, D]; P = I - W^T U
-                Wb = Wf.detach().view(B, H, N, BT, D)
-                Ub = U.detach().view(B, H, N, BT, D)
-                outs += [U, Wf]
-                grads += [-(Wb @ dP).view(B, H, Tp, D), -(Ub @ dP.transpose(-1, -2)).view(B, H, Tp, D)]
-            if has_gate:
-                outs.append(Gf)
-                grads.append(dGrow + dGcolp.sum(2))
-            dv = dVp.sum(2)[:, :, :T].transpose(1, 2)
-        inputs = [x for x in leaves if x is not None]
-        got = iter(torch.autograd.grad(outs, inputs, grads, allow_unused=True))
-        dq, dk, dw, dbeta, dlf = [next(got) if x is not None else None for x in leaves]
+        Gf = _gate_cumsum(log_fgate, Tp)
+        Qt, Kt, Wf, U, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps))
+        dO = _to_blocks(grad_out, Tp, sd).contiguous()
+        delta = torch.nn.functional.pad(delta_t, pad).contiguous()
+        lse = torch.nn.functional.pad(LSE, pad).contiguous()
+        NG = _num_groups(N, B * H, dev)
+        f32 = dict(dtype=torch.float32, device=dev)
+        dummy = _dummy(dev)
+        dQt = torch.empty(B, H, Tp, D, **f32)
+        dKp = torch.zeros(B, H, NG, Tp, D, **f32)
+        dVp = torch.zeros(B, H, NG, Tp, D, **f32)
+        dSI = torch.empty(B, H, N, BT, BT, **f32)
+        dPp = torch.zeros(B, H, NG, N, D, D, **f32) if has_hh else dummy
+        RS = torch.empty(B, H, NG, Tp, D, **f32) if has_hh else dummy
+        dGrow = torch.empty(B, H, Tp, **f32) if has_gate else dummy
+        dGcolp = torch.zeros(B, H, NG, Tp, **f32) if has_gate else dummy
+        _kernels()[1][(NG, B * H)](
+            Qt, Kt, _to_blocks(v, Tp, sd).contiguous(),
+            Wf if has_hh else dummy, U if has_hh else dummy, Gf if has_gate else dummy,
+            SI, lse, dO, delta,
+            dQt, dKp, dVp, dPp, dGrow, dGcolp, dSI, RS,
+            N, NG, float(scale),
+            D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
+            PREC=prec, **_launch_opts(num_warps, num_stages),
+        )
+        del RS, Qt, Kt, SI
+        # partial sums over the programs of a head, in a fixed order
+        dKt = dKp.sum(2)
+        del dKp
+        dv = dVp.sum(2)[:, :, :T].transpose(1, 2)
+        del dVp
+        dP = dPp.sum(2).contiguous() if has_hh else dummy  # dL/dP per block, [B, H, N, D, D]
+        del dPp
+        dq = torch.empty(B, T, H, D, **f32)
+        dk = torch.empty(B, T, H, D, **f32)
+        dw = torch.empty(B, T, H, D, **f32) if has_hh else dummy
+        dbeta = torch.empty(B, T, H, **f32) if has_hh else dummy
+        dGl = torch.empty(B, H, Tp, **f32) if has_gate else dummy
+        _kernels()[3][(N, B * H)](
+            qk, kk, wk if has_hh else dummy, bk if has_hh else dummy, dQt, dKt, dSI, dP,
+            dq, dk, dw, dbeta, dGl,
+            T, H, N, float(scale),
+            D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, **_prep_opts(num_warps),
+        )
+        dlf = None
+        if has_gate:
+            dG = (dGrow + dGcolp.sum(2) + dGl)[:, :, :T]  # dL/dG, G = cumsum(log_fgate)
+            dlf = dG.flip(-1).cumsum(-1).flip(-1).transpose(1, 2)
+        if not has_hh:
+            dw = dbeta = None
         return dq, dk, dv, dw, dbeta, dlf
 
     tune = q.dtype != torch.float32
