@@ -148,7 +148,7 @@ class PathFamilyAttention(Attention):
         super().__init__(config)
         d_model, heads = config.d_model, config.heads
         if self.forget_gate:
-            self.fgate = nn.Linear(d_model, heads)
+            self.forget_proj = nn.Linear(d_model, heads)
         if self.householder:
             self.beta_max = config.beta_max
             self.w_down = nn.Linear(d_model, W_RANK, bias=False)
@@ -157,7 +157,7 @@ class PathFamilyAttention(Attention):
             # the whole-sequence and one-token paths share it.
             self.w_conv = nn.Parameter(torch.empty(d_model, 1, W_CONV_WIDTH))
             nn.init.kaiming_uniform_(self.w_conv, a=5**0.5)  # Conv1d's default initialisation
-            self.beta = nn.Linear(d_model, heads)
+            self.beta_proj = nn.Linear(d_model, heads)
 
     def position_inputs(self, x, recent=None):
         """w, beta, log_fgate for x [B, T, d_model] (absent parts are None), and the new `recent`.
@@ -168,7 +168,7 @@ class PathFamilyAttention(Attention):
         w = beta = log_fgate = None
         dtype = compute_dtype(x.dtype)  # float32, or float64 for a float64 model
         if self.forget_gate:
-            log_fgate = F.logsigmoid(self.fgate(x).to(dtype))
+            log_fgate = F.logsigmoid(self.forget_proj(x).to(dtype))
         if self.householder:
             low_rank = self.w_up(self.w_down(x))  # [B, T, d_model]
             if recent is None:
@@ -177,7 +177,7 @@ class PathFamilyAttention(Attention):
             conv = F.conv1d(window.transpose(1, 2), self.w_conv, groups=window.shape[-1])
             conv = conv.transpose(1, 2).to(dtype).unflatten(-1, (self.heads, self.head_dim))
             w = F.normalize(conv, dim=-1)
-            beta = (2 * torch.sigmoid(self.beta(x).to(dtype))).clamp(max=self.beta_max)
+            beta = (2 * torch.sigmoid(self.beta_proj(x).to(dtype))).clamp(max=self.beta_max)
             recent = window[:, -(W_CONV_WIDTH - 1):]
         return w, beta, log_fgate, recent
 

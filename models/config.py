@@ -21,9 +21,6 @@ class ModelConfig:
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model
     beta_max: float = 2.0  # upper clip of PaTH's beta (< 2 keeps low-precision runs stable)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
 
