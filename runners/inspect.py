@@ -78,6 +78,7 @@ def inspect(run_dir, output, split, example, tokens):
                 ax.set_yticks(range(shown), words, fontsize=4)
             ax.scatter(np.full(len(scored), -1.2), scored, marker=">", s=6, color="red",
                        clip_on=False)
+            ax.set_xlim(-0.5, shown - 0.5)  # the markers sit outside the map
             ax.set_xlabel("key position", fontsize=8)
             ax.set_ylabel("query position (red: scored)", fontsize=8)
     figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")

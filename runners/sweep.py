@@ -79,6 +79,12 @@ class Grid:
 
     def configs(self, device: str) -> list[dict]:
         """Every grid point, resolved; duplicates (same run id) appear once."""
+        if self.until_solved:
+            from pathbench.tasks import make_task
+
+            if make_task(self.task).solved_threshold is None:
+                raise UserError(f"until_solved needs a task with a solved threshold; "
+                                f"{self.task!r} has none")
         axes = [self.models or [None], self.layers or [None], self.heads or [None],
                 self.lrs or [None], self.seeds]
         extra_keys = list(self.grid)
@@ -227,13 +233,14 @@ def _serve(connection, threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    while True:
-        message = connection.recv()
-        if message is None:
-            return
-        config, out = message
-        record = execute_run(config, Path(out), progress=False)
-        connection.send(_summary(record))
+    try:
+        while (message := connection.recv()) is not None:
+            config, out = message
+            connection.send(_summary(execute_run(config, Path(out), progress=False)))
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        # The sweep is gone (killed) or interrupted: stop quietly. A run cut short has no
+        # result.json and is redone when the sweep runs again.
+        return
 
 
 def _summary(record: dict) -> dict:

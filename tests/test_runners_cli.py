@@ -99,6 +99,7 @@ def test_a_crash_is_recorded_as_failed(tmp_path, capsys, monkeypatch):
     (["sweep", "flipflop", "--lrs", "fast"], "--lrs expects numbers"),
     (["sweep", "flipflop", "--grid", "n_back=1,2"], "--grid expects SECTION.KEY"),
     (["sweep", "--file", "nosuch"], "sweep file 'nosuch' not found"),
+    (["sweep", "flipflop", "--until-solved"], "until_solved needs a task with a solved"),
     (["sweep"], "give a TASK to sweep over, or --file NAME"),
     (["results", "does-not-exist"], "results directory does-not-exist does not exist"),
 ])
@@ -177,38 +178,56 @@ def _worker_processes(pid: int) -> list[int]:
             if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
 
 
+def _start_sweep_and_wait_for_a_record(args, cwd, out, records_before=0):
+    """Start the sweep; return it once it has written a new record and has busy workers."""
+    sweep = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    deadline = time.monotonic() + 90
+    while (len(list(out.glob("*/result.json"))) <= records_before
+           and time.monotonic() < deadline and sweep.poll() is None):
+        time.sleep(0.1)
+    return sweep
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
-def test_sweep_survives_a_sigkilled_worker_and_resumes(tmp_path):
+def test_sigkilled_worker_and_sigkilled_sweep_lose_nothing(tmp_path):
     out = tmp_path / "runs"
     args = [sys.executable, "-m", "pathbench.runners.cli", "sweep", "flipflop",
-            "--models", "path,rope", "--seeds", "0-2", "--workers", "2", *TINY,
+            "--models", "path,rope", "--seeds", "0-3", "--workers", "2", *TINY,
             "--steps", "60", "--out", str(out)]
-    sweep = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+
+    # 1. Kill one worker mid-sweep: the sweep goes on with the other runs.
+    sweep = _start_sweep_and_wait_for_a_record(args, tmp_path, out)
     try:
-        deadline = time.monotonic() + 90
-        # Wait until one run has finished and the workers are busy with the next ones.
-        while not list(out.glob("*/result.json")) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        finished_before = {p: p.read_bytes() for p in out.glob("*/result.json")}
+        finished = {p: p.read_bytes() for p in out.glob("*/result.json")}
         workers = _worker_processes(sweep.pid)
-        assert finished_before and workers, "the sweep did not get going"
+        assert finished and workers, "the sweep did not get going"
         os.kill(workers[0], signal.SIGKILL)
-        stdout, stderr = sweep.communicate(timeout=120)
+        _, stderr = sweep.communicate(timeout=120)
     finally:
         if sweep.poll() is None:
             sweep.kill()
-    # The sweep went on with the other runs; a run the dead worker was training is reported.
-    assert sweep.returncode in (0, 1), stderr
+    assert sweep.returncode in (0, 1), stderr  # 1: the killed worker was training a run
     if sweep.returncode == 1:
         assert "its worker died" in stderr and "run the same command again" in stderr
-    for path, content in finished_before.items():
+    for path, content in finished.items():
         assert path.read_bytes() == content  # nothing written was lost
 
+    # 2. Kill the sweep itself (its workers finish their run, then exit).
+    for run_dir in list(out.iterdir())[:3]:  # make work for the next sweep
+        (run_dir / "result.json").unlink(missing_ok=True)
+    finished = {p: p.read_bytes() for p in out.glob("*/result.json")}
+    sweep = _start_sweep_and_wait_for_a_record(args, tmp_path, out, len(finished))
+    os.kill(sweep.pid, signal.SIGKILL)
+    sweep.communicate(timeout=60)
+    for path, content in finished.items():
+        assert path.read_bytes() == content
+
+    # 3. The same command finishes the rest: every run once, nothing lost or duplicated.
     rerun = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stderr
     records = results_of(out)
-    assert len(records) == 6 and len(list(out.iterdir())) == 6  # nothing lost or duplicated
+    assert len(records) == 8 and len(list(out.iterdir())) == 8
     assert all(record["status"] == "ok" for record in records.values())
 
 
