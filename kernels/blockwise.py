@@ -60,12 +60,13 @@ def path_attention_blockwise(q, k, v, w=None, beta=None, log_fgate=None, scale=N
 
     # Lists of per-block tensors: autograd then gathers each one's gradient once, instead of
     # once per slice of the whole tensor.
+    intra = intra.masked_fill(~causal, float("-inf"))
     q_start, k_end, intra = q_start.unbind(2), k_end.unbind(2), intra.unbind(2)
     products = None if products is None else products.unbind(2)
     outputs = []
     k_moved = None  # keys of blocks 0 .. p-1 as seen from the start of block p, [B, H, p C, D]
     for p in range(n):
-        logits = intra[p].masked_fill(~causal, float("-inf"))
+        logits = intra[p]
         if k_moved is not None:
             logits = torch.cat([q_start[p] @ k_moved.transpose(-1, -2), logits], dim=-1)
         seen = (p + 1) * block  # logits: [B, H, C, seen], keys 0 .. seen - 1
