@@ -183,7 +183,7 @@ def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_te
         shown = table[[*config_columns, "seed", "status", "steps", *metric_columns]].copy()
     else:
         shown = table[[*config_columns, "metric"]].copy()
-    for column in config_columns:  # integers that pandas turned into floats beside NaN
+    for column in config_columns[:-1]:  # integers that pandas turned into floats beside NaN
         shown[column] = [tidy(value) for value in shown[column]]
     if per_run:
         return shown

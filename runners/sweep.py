@@ -42,6 +42,7 @@ from pathbench import UserError
 from pathbench.runners import store
 from pathbench.runners.config import (
     DEVICES,
+    PRESETS,
     SECTIONS,
     parse_float_list,
     parse_int_list,
@@ -197,8 +198,6 @@ def _grid_from_table(table: dict, where: str) -> Grid:
 def _apply(target: Grid, prefix: str, **values) -> Grid:
     """Set the given (not None) values on a grid, parsing the comma-separated list options.
     ``prefix`` + key names a value in messages: "--layers" or "sweep file F: layers"."""
-    from pathbench.runners.config import PRESETS
-
     parsers = {
         "models": lambda text: [name.strip() for name in text.split(",") if name.strip()],
         "layers": lambda text: parse_int_list(text, f"{prefix}layers"),
@@ -215,7 +214,8 @@ def _apply(target: Grid, prefix: str, **values) -> Grid:
                 isinstance(value, bool) or not isinstance(value, int)):
             raise UserError(f"{prefix}{key} must be an integer, got {value!r}")
         elif key == "preset" and value not in PRESETS:
-            raise UserError(f"{prefix}preset: unknown preset {value!r}; valid: {', '.join(PRESETS)}")
+            raise UserError(f"{prefix}preset: unknown preset {value!r}; valid choices: "
+                            f"{', '.join(PRESETS)}")
         elif key == "until_solved" and not isinstance(value, bool):
             raise UserError(f"{prefix}until_solved must be true or false, got {value!r}")
         elif key == "grid" and not all(_is_setting_key(name) for name in value):
@@ -332,7 +332,8 @@ def run_slurm(configs: list[dict], out: Path, workers: int, params: dict, report
             try:
                 report(name, job.result())
             except Exception as exc:  # the job itself died: timeout, preemption, node failure
-                tqdm.write(f"{name}: job {job.job_id} ended without a record ({exc})", file=sys.stderr)
+                tqdm.write(f"{name}: job {job.job_id} ended without a record ({exc})",
+                           file=sys.stderr)
                 report(name, None)
         time.sleep(1)
 
@@ -391,7 +392,9 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
         bar.set_postfix({key: value for key, value in counts.items() if key != "already done"})
 
     # One worker trains in this process; more are separate processes.
-    pool = LocalPool(min(workers, total)) if executor == "local" and workers > 1 else None
+    remaining = total - counts["already done"]
+    pool = (LocalPool(min(workers, remaining))
+            if executor == "local" and workers > 1 and remaining else None)
     try:
         # The grids advance together, one round at a time: a round holds the next wave of every
         # grid (all of a plain grid's runs; one layer count of an --until-solved grid), so
@@ -447,21 +450,15 @@ def _waves(grid: Grid, configs: list[dict], out: Path):
     if not grid.until_solved:
         yield configs, 0
         return
-    from pathbench.runners.report import load_frame, solved_cells
+    from pathbench.runners.report import depth_free_cell, load_frame, solved_cells
 
     solved: set = set()
     for layers in sorted({config["model"]["layers"] for config in configs}):
         at_depth = [config for config in configs if config["model"]["layers"] == layers]
-        wave = [config for config in at_depth if _depth_free_cell(config) not in solved]
-        dropped = [config for config in at_depth if _depth_free_cell(config) in solved]
+        wave = [config for config in at_depth if depth_free_cell(config) not in solved]
+        dropped = [config for config in at_depth if depth_free_cell(config) in solved]
         yield wave, sum(not (out / run_id(c) / store.RESULT_FILE).exists() for c in dropped)
         solved |= solved_cells(load_frame(out, only={run_id(config) for config in wave}))
-
-
-def _depth_free_cell(config: dict) -> str:
-    from pathbench.runners.report import depth_free_cell
-
-    return depth_free_cell(config)
 
 
 @click.command()

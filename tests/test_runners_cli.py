@@ -22,6 +22,18 @@ TINY = ["--d-model", "16", "--steps", "4", "--batch-size", "8", "--set", "task.l
         "--set", "train.eval_num=16", "--set", "train.eval_every=2"]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from more threads, and spare threads make runs wait for each
+    other on a busy machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def cli(capsys, *args) -> tuple[int, str, str]:
     """Run ``pathbench ARGS`` in this process: (exit status, stdout, stderr)."""
     try:
