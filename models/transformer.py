@@ -111,6 +111,8 @@ class Transformer(nn.Module):
         greedy=True takes the argmax at each step, otherwise samples from the softmax (with the
         given torch.Generator, if any).
         """
+        if prefix.shape[1] == 0:
+            raise ValueError("generate needs a prefix of at least one token")
         states = self.start_decoding()
         for t in range(prefix.shape[1]):
             logits = self.decode_step(prefix[:, t], states)

@@ -100,6 +100,8 @@ def test_generate_sampling_is_reproducible_with_a_generator():
     draws = [model.generate(prefix, 8, greedy=False, generator=torch.Generator().manual_seed(1))
              for _ in range(2)]
     assert torch.equal(draws[0], draws[1])
+    with pytest.raises(ValueError, match="at least one token"):
+        model.generate(prefix[:, :0], 3)
 
 
 @pytest.mark.parametrize("attention", VARIANTS)
