@@ -14,6 +14,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+
 import pathbench.kernels
 from pathbench.kernels import (
     RecurrentCache,
@@ -25,6 +26,7 @@ from pathbench.kernels import (
     softmax_attention,
 )
 
+F64 = torch.float64
 
 
 @pytest.fixture(autouse=True)
@@ -34,8 +36,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-F64 = torch.float64
 
 
 # ---------------------------------------------------------------------------------------------

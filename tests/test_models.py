@@ -15,6 +15,8 @@ from pathbench.models import (
     model_config,
 )
 
+VARIANTS = ["nope", "rope", "sba", "fox", "path", "path_fox"]
+VOCAB = 11
 
 
 @pytest.fixture(autouse=True)
@@ -24,9 +26,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-VARIANTS = ["nope", "rope", "sba", "fox", "path", "path_fox"]
-VOCAB = 11
 
 
 def make_model(attention, dtype=torch.float64, seed=0, **sizes):
