@@ -189,7 +189,8 @@ def run(task, model, layers, heads, lr, seed, d_model, steps, batch_size, device
         sets):
     """Train and evaluate one model on TASK; print the metrics of every split.
 
-    Writes OUT/<run id>/ with config.json, curve.jsonl, model.pt and result.json.
+    Writes OUT/<run id>/ with config.json, curve.jsonl, model.pt and result.json. Exit status
+    1 if the run diverged or failed (the record says why).
     """
     device = resolve_device(device)
     config = resolve_run(

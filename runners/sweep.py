@@ -475,7 +475,8 @@ def _waves(grid: Grid, configs: list[dict], out: Path):
 @shared_options
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Runs at once (local processes, or concurrent Slurm jobs).")
-@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True)
+@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
+              help="local: worker processes here; slurm: one job per run through submitit.")
 @click.option("--slurm", "slurm_options", multiple=True, metavar="KEY=VALUE",
               help="submitit executor parameter, e.g. slurm_partition=gpu (repeatable).")
 @click.option("--file", "sweep_file", default=None,
@@ -485,7 +486,11 @@ def _waves(grid: Grid, configs: list[dict], out: Path):
 def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solved, d_model,
           steps, batch_size, device, preset, out, sets, workers, executor, slurm_options,
           sweep_file, dry_run):
-    """Run a grid of runs over TASK (or the sweeps of --file); finished runs are skipped."""
+    """Run a grid of runs over TASK, or the sweeps a --file defines.
+
+    A run whose result.json exists is skipped, so running the same command again resumes an
+    interrupted sweep. Exit status 1 if a worker died before finishing its run.
+    """
 
     def given(name):
         return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
