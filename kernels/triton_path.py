@@ -272,12 +272,16 @@ def _kernels():
 
     @triton.jit(do_not_specialize=["T", "H", "N"])
     def _prep_bwd_kernel(
-        Q, K, W, BETA, DQT, DKT, DSI, DP,
+        Q, K, W, BETA, UB, DQT, DKT, DSI, DP, XS,
         DQ, DK, DW, DBETA, DGL,
         T, H, N, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr,
     ):
+        # The algebra is grouped so that every operand of a matrix product is loaded (or
+        # re-loaded, volatile so that loads are not merged) right before its products: the
+        # compiler's shared-memory copies of dot operands then stay short-lived. X is kept in
+        # the scratch XS (this block's slot of the intra-block logits, no longer needed).
         ib = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
         b = bh // H
@@ -287,81 +291,104 @@ def _kernels():
         cols = tl.arange(0, D)
         t = ib * BT + rows
         valid = t < T
+        m2 = valid[:, None]
         src = b * T * H * D + t[:, None] * (H * D) + h * D + cols[None, :]
         dst = bh * Tp * D + t[:, None] * D + cols[None, :]
-        q = tl.load(Q + src, mask=valid[:, None], other=0.0).to(tl.float32)
-        k = tl.load(K + src, mask=valid[:, None], other=0.0).to(tl.float32)
-        dqt = tl.load(DQT + dst)
-        dkt = tl.load(DKT + dst)
-        ds = tl.load(DSI + (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :])
-        ds = tl.where(rows[None, :] <= rows[:, None], ds, 0.0)
+        si = (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :]
+        dpi = (bh * N + ib) * D * D + cols[:, None] * D + cols[None, :]
+        lower = rows[None, :] <= rows[:, None]  # [i, s]: s <= i
+        strict = rows[None, :] < rows[:, None]  # [t, j]: j < t
+        ds = tl.load(DSI + si)
+        ds = tl.where(lower, ds, 0.0)
         if HAS_GATE:
             tl.store(DGL + bh * Tp + t, tl.sum(ds, 1) - tl.sum(ds, 0))
         ds = ds * scale
-        dq = dqt + tl.dot(ds, k, input_precision=PREC)
-        dk = dkt + tl.dot(tl.trans(ds), q, input_precision=PREC)
+        q = tl.load(Q + src, mask=m2, other=0.0).to(tl.float32)
+        k = tl.load(K + src, mask=m2, other=0.0).to(tl.float32)
+        dq = tl.load(DQT + dst) + tl.dot(ds, k, input_precision=PREC)
+        dk = tl.load(DKT + dst) + tl.dot(tl.trans(ds), q, input_precision=PREC)
         if HAS_HH:
-            w = tl.load(W + src, mask=valid[:, None], other=0.0).to(tl.float32)
-            beta = tl.load(BETA + b * T * H + t * H + h, mask=valid, other=0.0).to(tl.float32)
-            wb = w * beta[:, None]
-            LT = tl.dot(w, tl.trans(wb), input_precision="ieee")
+            tl.store(DQ + src, dq, mask=m2)
+            tl.store(DK + src, dk, mask=m2)
+            beta = tl.load(BETA + b * T * H + t * H + h, mask=valid, other=0.0)
+            # X = (I + L)^{-1} by forward substitution (as in the forward kernel)
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
+            LT = tl.dot(w, tl.trans(w * beta[:, None]), input_precision="ieee")
             LT = tl.where(rows[:, None] < rows[None, :], LT, 0.0)
-            # X = (I + L)^{-1} by forward substitution: row i is e_i - sum_{s<i} L[i, s] X[s, :]
             X = tl.zeros([BT, BT], dtype=tl.float32)
             for i in range(BT):
-                li = tl.sum(tl.where(rows[None, :] == i, LT, 0.0), 1)  # L[i, s] (LT = L^T) over s
+                li = tl.sum(tl.where(rows[None, :] == i, LT, 0.0), 1)
                 xi = tl.where(rows == i, 1.0, 0.0) - tl.sum(li[:, None] * X, 0)
                 X = tl.where(rows[:, None] == i, xi[None, :], X)
-            u = tl.dot(X, wb, input_precision="ieee")
-            M2 = tl.dot(tl.trans(X), w, input_precision="ieee")
-            R = M2 * beta[:, None]
-            QW = tl.where(rows[None, :] <= rows[:, None], tl.dot(q, tl.trans(w), input_precision=PREC), 0.0)
-            WK = tl.where(rows[:, None] > rows[None, :], tl.dot(w, tl.trans(k), input_precision=PREC), 0.0)
-            WKb = WK * beta[:, None]
-            E = tl.dot(X, WKb, input_precision=PREC)
-            dd = cols[:, None] * D + cols[None, :]
-            dP = tl.load(DP + (bh * N + ib) * D * D + dd)
-            # Qt = Q - QW U;  the block product M = I - W^T U
-            du = -tl.dot(tl.trans(QW), dqt, input_precision=PREC) - tl.dot(w, dP, input_precision=PREC)
-            dw = -tl.dot(u, tl.trans(dP), input_precision=PREC)
-            dQW = -tl.dot(dqt, tl.trans(u), input_precision=PREC) - tl.dot(ds, tl.trans(E), input_precision=PREC)
-            # Kt = K - WK^T R
-            dWK = -tl.dot(R, tl.trans(dkt), input_precision=PREC)
-            dR = -tl.dot(WK, dkt, input_precision=PREC)
-            # S -= QW E, E = X diag(beta) WK
+            tl.store(XS + si, X)
+            tl.debug_barrier()
+            # products without X
+            q = tl.load(Q + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
+            QW = tl.where(lower, tl.dot(q, tl.trans(w), input_precision=PREC), 0.0)
+            ds = tl.where(lower, tl.load(DSI + si, volatile=True), 0.0) * scale
             dE = -tl.dot(tl.trans(QW), ds, input_precision=PREC)
-            dX = tl.dot(dE, tl.trans(WKb), input_precision=PREC)
-            XtdE = tl.dot(tl.trans(X), dE, input_precision=PREC)
-            dWK += XtdE * beta[:, None]
-            dbeta = tl.sum(XtdE * WK, 1)
-            # U = X diag(beta) W
-            dX += tl.dot(du, tl.trans(wb), input_precision=PREC)
-            dwb = tl.dot(tl.trans(X), du, input_precision=PREC)
-            dw += dwb * beta[:, None]
-            dbeta += tl.sum(dwb * w, 1)
-            # R = diag(beta) X^T W
+            dqt = tl.load(DQT + dst, volatile=True)
+            dP = tl.load(DP + dpi, volatile=True)
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
+            du = -tl.dot(tl.trans(QW), dqt, input_precision=PREC) - tl.dot(w, dP, input_precision=PREC)
+            k = tl.load(K + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
+            WK = tl.where(strict, tl.dot(w, tl.trans(k), input_precision=PREC), 0.0)
+            dkt = tl.load(DKT + dst, volatile=True)
+            dR = -tl.dot(WK, dkt, input_precision=PREC)
+            # E = X diag(beta) WK and P1 = X^T dE
+            X = tl.load(XS + si, volatile=True)
+            E = tl.dot(X, WK * beta[:, None], input_precision=PREC)
+            P1 = tl.dot(tl.trans(X), dE, input_precision=PREC)
+            dbeta = tl.sum(P1 * WK, 1)
+            dWK = P1 * beta[:, None]
+            dL = -tl.dot(P1, tl.trans(E), input_precision=PREC)
+            ds = tl.where(lower, tl.load(DSI + si, volatile=True), 0.0) * scale
+            dQW = -tl.dot(ds, tl.trans(E), input_precision=PREC)
+            # U = X diag(beta) W (as stored by the forward) and P2 = X^T du
+            X = tl.load(XS + si, volatile=True)
+            P2 = tl.dot(tl.trans(X), du, input_precision=PREC)
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
+            dbeta += tl.sum(P2 * w, 1)
+            dw = P2 * beta[:, None]
+            u = tl.load(UB + dst, volatile=True)
+            dL -= tl.dot(P2, tl.trans(u), input_precision=PREC)
+            dqt = tl.load(DQT + dst, volatile=True)
+            dQW -= tl.dot(dqt, tl.trans(u), input_precision=PREC)
+            dP = tl.load(DP + dpi, volatile=True)
+            u = tl.load(UB + dst, volatile=True)
+            dw -= tl.dot(u, tl.trans(dP), input_precision=PREC)
+            # R = diag(beta) M2 with M2 = X^T W, and P3 = X diag(beta) dR
+            X = tl.load(XS + si, volatile=True)
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
+            M2 = tl.dot(tl.trans(X), w, input_precision="ieee")
+            P3 = tl.dot(X, dR * beta[:, None], input_precision=PREC)
             dbeta += tl.sum(dR * M2, 1)
-            dM2 = dR * beta[:, None]
-            dX += tl.dot(w, tl.trans(dM2), input_precision=PREC)
-            dw += tl.dot(X, dM2, input_precision=PREC)
-            # X = (I + L)^{-1}: dL = strictly_lower(-X^T dX X^T)
-            dL = -tl.dot(tl.dot(tl.trans(X), dX, input_precision=PREC), tl.trans(X), input_precision=PREC)
-            dL = tl.where(rows[:, None] > rows[None, :], dL, 0.0)
+            dw += P3
+            dL -= tl.dot(M2, tl.trans(P3), input_precision=PREC)
+            dkt = tl.load(DKT + dst, volatile=True)
+            dWK -= tl.dot(M2 * beta[:, None], tl.trans(dkt), input_precision=PREC)
             # L = strictly_lower(diag(beta) W W^T)
-            WW = tl.dot(w, tl.trans(w), input_precision=PREC)
-            dbeta += tl.sum(dL * WW, 1)
+            dL = tl.where(strict, dL, 0.0)
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
+            dbeta += tl.sum(dL * tl.dot(w, tl.trans(w), input_precision=PREC), 1)
             dLb = dL * beta[:, None]
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
             dw += tl.dot(dLb, w, input_precision=PREC) + tl.dot(tl.trans(dLb), w, input_precision=PREC)
             # QW = tril(Q W^T), WK = strictly_lower(W K^T)
-            dQW = tl.where(rows[None, :] <= rows[:, None], dQW, 0.0)
-            dWK = tl.where(rows[:, None] > rows[None, :], dWK, 0.0)
-            dq += tl.dot(dQW, w, input_precision=PREC)
+            dQW = tl.where(lower, dQW, 0.0)
+            dWK = tl.where(strict, dWK, 0.0)
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
+            dq = tl.load(DQ + src, mask=m2, other=0.0, volatile=True) + tl.dot(dQW, w, input_precision=PREC)
+            dk = tl.load(DK + src, mask=m2, other=0.0, volatile=True) + tl.dot(tl.trans(dWK), w, input_precision=PREC)
+            q = tl.load(Q + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
+            k = tl.load(K + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
             dw += tl.dot(tl.trans(dQW), q, input_precision=PREC) + tl.dot(dWK, k, input_precision=PREC)
-            dk += tl.dot(tl.trans(dWK), w, input_precision=PREC)
-            tl.store(DW + src, dw, mask=valid[:, None])
+            tl.store(DW + src, dw, mask=m2)
             tl.store(DBETA + b * T * H + t * H + h, dbeta, mask=valid)
-        tl.store(DQ + src, dq, mask=valid[:, None])
-        tl.store(DK + src, dk, mask=valid[:, None])
+        tl.store(DQ + src, dq, mask=m2)
+        tl.store(DK + src, dk, mask=m2)
 
     _KERNELS = (_path_fwd_kernel, _path_bwd_kernel, _prep_fwd_kernel, _prep_bwd_kernel)
     return _KERNELS
@@ -605,7 +632,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
             D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
             PREC=prec, **_launch_opts(num_warps, num_stages),
         )
-        del RS, Qt, Kt, SI
+        del RS, Qt, Kt
         # partial sums over the programs of a head, in a fixed order
         dKt = dKp.sum(2)
         del dKp
@@ -619,7 +646,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
         dbeta = torch.empty(B, T, H, **f32) if has_hh else dummy
         dGl = torch.empty(B, H, Tp, **f32) if has_gate else dummy
         _kernels()[3][(N, B * H)](
-            qk, kk, wk if has_hh else dummy, bk if has_hh else dummy, dQt, dKt, dSI, dP,
+            qk, kk, wk if has_hh else dummy, bk if has_hh else dummy, U if has_hh else dummy,
+            dQt, dKt, dSI, dP, SI,
             dq, dk, dw, dbeta, dGl,
             T, H, N, float(scale),
             D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, **_prep_opts(num_warps),
