@@ -201,10 +201,10 @@ def run(task, model, layers, heads, lr, seed, d_model, steps, batch_size, device
     )
     model_cfg, train_cfg = config["model"], config["train"]
     click.echo(
-        f"{task}: {model_cfg['attention']}, {model_cfg['layers']} layers, {model_cfg['heads']} "
-        f"heads, d_model {model_cfg['d_model']}; {train_cfg['steps']} steps of "
-        f"{train_cfg['batch_size']}, lr {train_cfg['lr']:g}; {config['preset']} preset on "
-        f"{device}",
+        f"{task}: {model_cfg['attention']}, layers {model_cfg['layers']}, heads "
+        f"{model_cfg['heads']}, d_model {model_cfg['d_model']}; steps {train_cfg['steps']}, "
+        f"batch {train_cfg['batch_size']}, lr {train_cfg['lr']:g}; {config['preset']} preset "
+        f"on {device}",
         err=True,
     )
     record = execute_run(config, out)

@@ -184,14 +184,20 @@ def _grid_from_table(table: dict, where: str) -> Grid:
         return None if value is None else ",".join(map(str, value)) if isinstance(
             value, list) else str(value)
 
+    sets, grid_table = table.get("set", []), table.get("grid", {})
+    if not (isinstance(sets, list) and all(isinstance(item, str) for item in sets)):
+        raise UserError(f'{where}: set must be a list like ["task.length=64"], got {sets!r}')
+    if not isinstance(grid_table, dict):
+        raise UserError(f'{where}: grid must be a table like {{"task.n_back" = [1, 2]}}, '
+                        f"got {grid_table!r}")
     grid = Grid(task=table["task"])
     return _apply(grid, f"{where}: ", models=listed("models"), layers=listed("layers"),
                   heads=listed("heads"), lrs=listed("lrs"), seeds=listed("seeds"),
                   d_model=table.get("d_model"), steps=table.get("steps"),
                   batch_size=table.get("batch_size"), preset=table.get("preset"),
-                  sets=list(table.get("set", [])),
+                  sets=sets,
                   grid={key: [str(v) for v in (values if isinstance(values, list) else [values])]
-                        for key, values in table.get("grid", {}).items()},
+                        for key, values in grid_table.items()},
                   until_solved=table.get("until_solved"))
 
 

@@ -159,6 +159,9 @@ def test_sweep_file_errors_name_the_problem(tmp_path):
     bad.write_text('[[sweep]]\ntask = "flipflop"\nlayers = "3-1"\n')
     with pytest.raises(UserError, match="layers expects integers"):
         load_sweep_file(bad)
+    bad.write_text('[[sweep]]\ntask = "flipflop"\nset = "task.length=8"\n')
+    with pytest.raises(UserError, match="set must be a list"):
+        load_sweep_file(bad)
     bad.write_text("[[sweep]\n")
     with pytest.raises(UserError, match="not valid TOML"):
         load_sweep_file(bad)
