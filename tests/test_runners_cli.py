@@ -83,6 +83,9 @@ def test_absurd_learning_rate_diverges_with_the_step(tmp_path, capsys):
     assert result["status"] == "diverged" and result["metrics"] == {}
     assert result["reason"] == f"loss became nan at step {result['steps']}"
     assert "diverged" in stdout
+    [run_dir] = list(tmp_path.iterdir())
+    code, _, stderr = cli(capsys, "inspect", run_dir)
+    assert code == 2 and "has no trained weights (status 'diverged')" in stderr
 
 
 def test_a_crash_is_recorded_as_failed(tmp_path, capsys, monkeypatch):
