@@ -139,7 +139,8 @@ def _kernels():
         pbase = own * Tp * D
         gbase = own * Tp
         dpbase = own * N * D * D
-        dd = cols[:, None] * D + cols[None, :]
+        DS: tl.constexpr = 64 if D > 64 else D
+        slab = tl.arange(0, DS)
         causal = rows[None, :] <= rows[:, None]
 
         DT = KT.dtype.element_ty  # storage / data-dot dtype: float32, or q's 16-bit dtype
@@ -158,8 +159,8 @@ def _kernels():
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
             ds = p * (dp - delta[:, None])
             tl.store(DSI + si_ptr, ds)
-            dv_part = tl.load(DVP + pbase + tile_i)
-            tl.store(DVP + pbase + tile_i, dv_part + tl.dot(tl.trans(p.to(DT)), do, input_precision=PREC))
+            dv_ptr = DVP + pbase + tile_i
+            tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
 
             qt = tl.load(QT + base + tile_i).to(tl.float32)
             r = qt
@@ -196,11 +197,11 @@ def _kernels():
                 v = tl.load(V + base + tile_j)
                 dp = tl.dot(do, tl.trans(v), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
-                dsb = ds.to(DT)
-                dv_part = tl.load(DVP + pbase + tile_j)
-                tl.store(DVP + pbase + tile_j, dv_part + tl.dot(tl.trans(p.to(DT)), do, input_precision=PREC))
-                dk_part = tl.load(DKP + pbase + tile_j)
-                tl.store(DKP + pbase + tile_j, dk_part + scale * tl.dot(tl.trans(dsb), rb, input_precision=PREC))
+                dsb = (ds * scale).to(DT)
+                dv_ptr = DVP + pbase + tile_j
+                tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
+                dk_ptr = DKP + pbase + tile_j
+                tl.store(dk_ptr, tl.dot(tl.trans(dsb), rb, acc=tl.load(dk_ptr), input_precision=PREC))
                 if HAS_GATE:
                     dg_row += tl.sum(ds, 1)
                     dgc = tl.load(DGCOLP + gbase + offs_j)
@@ -209,12 +210,14 @@ def _kernels():
                     # dr is dL/d(queries before block jb); carry it back across the block
                     wj = tl.load(W + base + tile_j)
                     uj = tl.load(U + base + tile_j)
-                    dpj = tl.load(DPP + dpbase + jb * D * D + dd)
-                    tl.store(DPP + dpbase + jb * D * D + dd,
-                             dpj + tl.dot(tl.trans(r), dr, input_precision=PREC))
+                    # dL/dP_jb += r^T dr, in row slabs of at most 64 (smaller layout conversions)
+                    for sl in tl.static_range(D // DS):
+                        rs = tl.load(RS + pbase + offs_j[:, None] * D + sl * DS + slab[None, :])
+                        dp_ptr = DPP + dpbase + jb * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
+                        tl.store(dp_ptr, tl.dot(tl.trans(rs), dr, acc=tl.load(dp_ptr), input_precision=PREC))
                     du = tl.dot(dr, tl.trans(uj), input_precision=PREC)
                     dr = dr - tl.dot(du, wj, input_precision=PREC)
-                dr += scale * tl.dot(dsb, kt, input_precision=PREC)
+                dr = tl.dot(dsb, kt, acc=dr, input_precision=PREC)
             tl.store(DQT + base + tile_i, dr)
             if HAS_GATE:
                 tl.store(DGROW + bh * Tp + offs_i, dg_row)
@@ -407,15 +410,18 @@ INTERPRET_GROUPS = 1
 # Tuning candidates are only configurations that passed the GPU tests (results/kernel/).
 _GPU_CONFIGS = {
     "fwd": {16: [(64, 4, 2), (32, 4, 1)],
-            32: [(64, 4, 2), (128, 8, 2), (64, 4, 1), (32, 4, 1)],
-            64: [(64, 4, 2), (128, 8, 2), (64, 4, 1), (32, 4, 1)],
-            128: [(64, 8, 2), (64, 4, 2), (64, 8, 1), (32, 4, 1), (16, 4, 1)]},
+            32: [(64, 4, 2), (32, 4, 1)],
+            64: [(64, 4, 2), (64, 8, 2), (32, 4, 1)],
+            128: [(64, 8, 2), (64, 4, 2), (32, 4, 1)]},
     "bwd": {16: [(64, 4, 2), (32, 4, 1)],
             32: [(64, 4, 2), (32, 4, 1)],
-            64: [(64, 8, 2), (128, 8, 1), (64, 8, 1), (32, 4, 1)],
+            64: [(64, 8, 2), (64, 4, 1), (32, 4, 1)],
             128: [(64, 8, 1), (32, 4, 1), (16, 4, 1)]},
 }
-TUNE_CANDIDATES = {"fwd": {16: 1, 32: 2, 64: 2, 128: 2}, "bwd": {16: 1, 32: 1, 64: 2, 128: 2}}
+# Blocks of 128 are not offered: the preprocessing kernels' shared memory exceeds an H200's there.
+# Shared memory of the first configurations, compiled with triton 3.6 for sm_90 (limit 232448):
+# fwd 41-98 KB, bwd D=64 196608, D=128 212992, preprocessing <= 163840.
+TUNE_CANDIDATES = {"fwd": {16: 1, 32: 1, 64: 1, 128: 1}, "bwd": {16: 1, 32: 1, 64: 1, 128: 1}}
 FORCE_CONFIG: dict = {}  # kind -> (BT, num_warps, num_stages); used to pre-compile configurations
 _CHOSEN: dict = {}
 
@@ -555,10 +561,10 @@ def _spec_key(kind, q, has_hh, has_gate):
     return (kind, q.shape[-1], q.dtype, has_hh, has_gate, q.device.index, bucket)
 
 
-def _prep_opts(num_warps):
-    if num_warps is None:
+def _prep_opts(num_warps, BT, D):
+    if num_warps is None:  # interpreter
         return {}
-    return {"num_warps": 4, "num_stages": 1}
+    return {"num_warps": 8 if BT * D >= 8192 else 4, "num_stages": 1}
 
 
 def _forward(q, k, v, w, beta, log_fgate, scale):
@@ -573,7 +579,7 @@ def _forward(q, k, v, w, beta, log_fgate, scale):
         N = -(-T // BT)
         Tp = N * BT
         Gf = _gate_cumsum(log_fgate, Tp)
-        Qt, Kt, Wf, U, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps))
+        Qt, Kt, Wf, U, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D))
         dummy = _dummy(dev)
         O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
         LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
@@ -608,7 +614,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
         Tp = N * BT
         pad = (0, Tp - T)
         Gf = _gate_cumsum(log_fgate, Tp)
-        Qt, Kt, Wf, U, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps))
+        Qt, Kt, Wf, U, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D))
         dO = _to_blocks(grad_out, Tp, sd).contiguous()
         delta = torch.nn.functional.pad(delta_t, pad).contiguous()
         lse = torch.nn.functional.pad(LSE, pad).contiguous()
@@ -650,7 +656,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
             dQt, dKt, dSI, dP, SI,
             dq, dk, dw, dbeta, dGl,
             T, H, N, float(scale),
-            D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, **_prep_opts(num_warps),
+            D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, **_prep_opts(num_warps, BT, D),
         )
         dlf = None
         if has_gate:
