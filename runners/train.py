@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,15 +46,23 @@ def draw_seed(run_seed: int, draw: int) -> int:
 
 def training_batches(task, batch_size: int, run_seed: int, device: torch.device):
     """Fresh training batches forever: (inputs, targets) tensors of ``batch_size`` rows on
-    ``device``. Each draw is copied to the device whole, one transfer for several steps."""
+    ``device``. Each draw is copied to the device whole, one transfer for several steps, and
+    the next draw is generated in a background thread while the model trains on this one."""
     steps_per_draw = max(1, SEQUENCES_PER_DRAW // batch_size)
-    for draw in itertools.count():
-        data = task.generate(steps_per_draw * batch_size, draw_seed(run_seed, draw),
+
+    def generate(draw: int):
+        return task.generate(steps_per_draw * batch_size, draw_seed(run_seed, draw),
                              task.splits[0])
-        inputs = torch.from_numpy(data.inputs).to(device)
-        targets = torch.from_numpy(data.targets).to(device)
-        for start in range(0, steps_per_draw * batch_size, batch_size):
-            yield inputs[start : start + batch_size], targets[start : start + batch_size]
+
+    with ThreadPoolExecutor(max_workers=1) as background:
+        upcoming = background.submit(generate, 0)
+        for draw in itertools.count():
+            data = upcoming.result()
+            upcoming = background.submit(generate, draw + 1)
+            inputs = torch.from_numpy(data.inputs).to(device)
+            targets = torch.from_numpy(data.targets).to(device)
+            for start in range(0, steps_per_draw * batch_size, batch_size):
+                yield inputs[start : start + batch_size], targets[start : start + batch_size]
 
 
 @dataclass
@@ -187,6 +196,7 @@ def train(model, task, train_config: TrainConfig, seed: int, device: torch.devic
         for offset, value in enumerate(losses):
             if not math.isfinite(value):
                 bar.close()
+                batches.close()
                 bad_step = step - len(losses) + 1 + offset
                 return Outcome("diverged", bad_step, False, validation=validation,
                                reason=f"loss became {value} at step {bad_step}",
@@ -219,6 +229,7 @@ def train(model, task, train_config: TrainConfig, seed: int, device: torch.devic
             stopped_early = step < config.steps
             break
     bar.close()
+    batches.close()  # stops the background draw
 
     metrics = {
         split: evaluate(model, task, dataset, split, config.batch_size, device)

@@ -199,3 +199,38 @@ def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path):
     assert len(solved_cells(load_frame(tmp_path))) == 1
     minimum = min_layers_table(table).set_index("model")["min_layers"].to_dict()
     assert minimum == {"path": "2", "rope": ">3"}
+
+
+# --- training data and schedule ----------------------------------------------------------------
+
+
+def test_training_batches_are_fresh_and_a_function_of_the_run_seed():
+    import numpy as np
+    import torch
+
+    from pathbench.runners.train import training_batches
+    from pathbench.tasks import make_task
+
+    task = make_task("flipflop", {"length": 64})
+
+    def first_batches(seed, count=70):  # more than one draw of 1024 sequences
+        batches = training_batches(task, 32, seed, torch.device("cpu"))
+        taken = [next(batches)[0].numpy() for _ in range(count)]
+        batches.close()
+        return np.stack(taken)
+
+    first = first_batches(seed=3)
+    assert np.array_equal(first, first_batches(seed=3))
+    assert not np.array_equal(first, first_batches(seed=4))
+    assert len({row.tobytes() for row in first.reshape(-1, 64)}) == 70 * 32  # all distinct
+
+
+def test_learning_rate_warms_up_then_decays_to_zero():
+    from pathbench.runners.train import lr_factor
+
+    factors = [lr_factor(step, total=1000, warmup=100) for step in range(1000)]
+    assert factors[0] == 0.01 and factors[99] == 1.0
+    assert all(a >= b for a, b in zip(factors[99:], factors[100:]))
+    assert factors[-1] < 1e-4
+    # A short run keeps the shape: the warm-up is capped at a tenth of the steps.
+    assert lr_factor(9, total=100, warmup=500) == 1.0
