@@ -87,37 +87,26 @@ def train_config(values: dict) -> TrainConfig:
 
 
 def coerce(value, annotation, name: str):
-    """Convert a command-line string (or a TOML value) to the type a config field declares."""
-    args = typing.get_args(annotation)
-    optional = type(None) in args
-    base = next((arg for arg in args if arg is not type(None)), annotation) if args else annotation
-    if isinstance(value, str):
-        text = value.strip()
-        if optional and text.lower() in ("none", "null"):
+    """A command-line string or a TOML value as the number type that a TrainConfig field
+    declares (``int``, ``float``, or either one or None)."""
+    types = typing.get_args(annotation) or (annotation,)
+    number_type = next(t for t in types if t is not type(None))
+    expected = number_type.__name__ + (" or none" if type(None) in types else "")
+    if isinstance(value, str) and value.strip().lower() in ("none", "null"):
+        value = None
+    if value is None:
+        if type(None) in types:
             return None
+        raise UserError(f"{name} expects {expected}, got none")
+    if isinstance(value, str):
         try:
-            if base is bool:
-                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError
-                return text.lower() in ("true", "1", "yes")
-            if base in (int, float):
-                return base(text)
+            return number_type(value.strip())
         except ValueError:
-            raise UserError(f"{name} expects {_type_name(annotation)}, got {value!r}") from None
-        return value
-    if value is None and optional:
-        return None
-    if base is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if base in (int, float, bool, str) and type(value) is not base:
-        raise UserError(f"{name} expects {_type_name(annotation)}, got {value!r}")
-    return value
-
-
-def _type_name(annotation) -> str:
-    args = typing.get_args(annotation)
-    names = [getattr(arg, "__name__", str(arg)) for arg in args] if args else [annotation.__name__]
-    return " or ".join("none" if name == "NoneType" else name for name in names)
+            raise UserError(f"{name} expects {expected}, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            number_type is int and not isinstance(value, int)):
+        raise UserError(f"{name} expects {expected}, got {value!r}")
+    return number_type(value)
 
 
 # --- option parsing -------------------------------------------------------------------------
