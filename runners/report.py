@@ -4,8 +4,9 @@ Everything reads one table: a pandas frame with a row per run (``load_frame``). 
 configuration up to its seed and learning rate. By default a cell is reported at its best
 learning rate: the one whose runs finished most often without diverging and, among those, had
 the highest mean of the primary metric on the first evaluation split (the *headline* split,
-e.g. ``test``). The value of a cell is then the mean over its seeds at that learning rate, and
-its spread the standard deviation (tables) or the min..max range (figures).
+e.g. ``test``). The value of a cell is then the mean over its seeds at that learning rate
+(runs that diverged or failed have no metrics; tables show how many of the seeds finished
+"ok"), and its spread the standard deviation (tables) or the min..max range (figures).
 
 A task is *solved* at a depth when that mean reaches the task's ``solved_threshold`` (0.9 for
 the word problems). The same rule decides ``sweep --until-solved``.
