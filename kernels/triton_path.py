@@ -127,7 +127,7 @@ def _kernels():
         DQT, DKP, DVP, DPP, DGROW, DGCOLP, DSI, RS,
         N, NG, scale,
         D: tl.constexpr, BT: tl.constexpr,
-        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr,
+        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
         g = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
@@ -169,11 +169,15 @@ def _kernels():
                 for jj in range(0, ib):
                     jb = ib - 1 - jj
                     tile_j = (jb * BT + rows)[:, None] * D + cols[None, :]
-                    tl.store(RS + pbase + tile_j, r)
+                    tl.store(RS + pbase + tile_j, r.to(RS.dtype.element_ty))
                     wj = tl.load(W + base + tile_j)
                     uj = tl.load(U + base + tile_j)
-                    rw = tl.dot(r, tl.trans(wj), input_precision=PREC)
-                    r = r - tl.dot(rw, uj, input_precision=PREC)
+                    if HH16:  # as in the forward: float16 operands, float32 accumulation
+                        rw = tl.dot(r.to(tl.float16), tl.trans(wj.to(tl.float16)))
+                        r = r - tl.dot(rw.to(tl.float16), uj.to(tl.float16))
+                    else:
+                        rw = tl.dot(r, tl.trans(wj), input_precision=PREC)
+                        r = r - tl.dot(rw, uj, input_precision=PREC)
                 # RS is read back below in another register layout, i.e. by other threads
                 tl.debug_barrier()
             if HAS_GATE:
@@ -184,7 +188,7 @@ def _kernels():
                 offs_j = jb * BT + rows
                 tile_j = offs_j[:, None] * D + cols[None, :]
                 if HAS_HH:
-                    r = tl.load(RS + pbase + tile_j)
+                    r = tl.load(RS + pbase + tile_j).to(tl.float32)
                 else:
                     r = qt
                 kt = tl.load(KT + base + tile_j)
@@ -208,11 +212,11 @@ def _kernels():
                     tl.store(DGCOLP + gbase + offs_j, dgc - tl.sum(ds, 0))
                 if HAS_HH:
                     # dr is dL/d(queries before block jb); carry it back across the block
-                    wj = tl.load(W + base + tile_j)
-                    uj = tl.load(U + base + tile_j)
+                    wj = tl.load(W + base + tile_j).to(tl.float32)
+                    uj = tl.load(U + base + tile_j).to(tl.float32)
                     # dL/dP_jb += r^T dr, in row slabs of at most 64 (smaller layout conversions)
                     for sl in tl.static_range(D // DS):
-                        rs = tl.load(RS + pbase + offs_j[:, None] * D + sl * DS + slab[None, :])
+                        rs = tl.load(RS + pbase + offs_j[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
                         dp_ptr = DPP + dpbase + jb * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
                         tl.store(dp_ptr, tl.dot(tl.trans(rs), dr, acc=tl.load(dp_ptr), input_precision=PREC))
                     du = tl.dot(dr, tl.trans(uj), input_precision=PREC)
@@ -263,8 +267,8 @@ def _kernels():
             k = k - tl.dot(tl.trans(WK), R, input_precision=PREC)
             E = tl.dot(X, WK * beta[:, None], input_precision=PREC)
             s = s - tl.dot(QW, E, input_precision=PREC)
-            tl.store(WB + dst, w)
-            tl.store(UB + dst, u)
+            tl.store(WB + dst, w.to(WB.dtype.element_ty))
+            tl.store(UB + dst, u.to(UB.dtype.element_ty))
         s = s * scale
         if HAS_GATE:
             g = tl.load(G + bh * Tp + t)
@@ -355,12 +359,12 @@ def _kernels():
             w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
             dbeta += tl.sum(P2 * w, 1)
             dw = P2 * beta[:, None]
-            u = tl.load(UB + dst, volatile=True)
+            u = tl.load(UB + dst, volatile=True).to(tl.float32)
             dL -= tl.dot(P2, tl.trans(u), input_precision=PREC)
             dqt = tl.load(DQT + dst, volatile=True)
             dQW -= tl.dot(dqt, tl.trans(u), input_precision=PREC)
             dP = tl.load(DP + dpi, volatile=True)
-            u = tl.load(UB + dst, volatile=True)
+            u = tl.load(UB + dst, volatile=True).to(tl.float32)
             dw -= tl.dot(u, tl.trans(dP), input_precision=PREC)
             # R = diag(beta) M2 with M2 = X^T W, and P3 = X diag(beta) dR
             X = tl.load(XS + si, volatile=True)
@@ -491,6 +495,12 @@ def _to_blocks(x: torch.Tensor, Tp: int, dtype=torch.float32) -> torch.Tensor:
     return x
 
 
+def _hh_dtype(q):
+    """dtype of the stored Householder factors W, U and of the backward's replayed queries:
+    float32 for float32 inputs; float16 (the precision of the carries' dots) for 16-bit ones."""
+    return torch.float32 if q.dtype == torch.float32 else torch.float16
+
+
 def _kernel_inputs(q, k, w, beta):
     """q, k, w, beta contiguous in the [B, T, H(, D)] layout, in dtypes the kernels load.
 
@@ -514,8 +524,8 @@ def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts):
     dummy = _dummy(dev)
     Qt = torch.empty(B, H, Tp, D, dtype=sd, device=dev)
     Kt = torch.empty(B, H, Tp, D, dtype=sd, device=dev)
-    Wb = torch.empty(B, H, Tp, D, **f32) if has_hh else None
-    Ub = torch.empty(B, H, Tp, D, **f32) if has_hh else None
+    Wb = torch.empty(B, H, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else None
+    Ub = torch.empty(B, H, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else None
     SI = torch.empty(B, H, N, BT, BT, **f32)
     _kernels()[2][(N, B * H)](
         q, k, w if has_hh else dummy, beta if has_hh else dummy, dummy if G is None else G,
@@ -626,7 +636,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
         dVp = torch.zeros(B, H, NG, Tp, D, **f32)
         dSI = torch.empty(B, H, N, BT, BT, **f32)
         dPp = torch.zeros(B, H, NG, N, D, D, **f32) if has_hh else dummy
-        RS = torch.empty(B, H, NG, Tp, D, **f32) if has_hh else dummy
+        RS = torch.empty(B, H, NG, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
         dGrow = torch.empty(B, H, Tp, **f32) if has_gate else dummy
         dGcolp = torch.zeros(B, H, NG, Tp, **f32) if has_gate else dummy
         _kernels()[1][(NG, B * H)](
@@ -636,7 +646,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
             dQt, dKp, dVp, dPp, dGrow, dGcolp, dSI, RS,
             N, NG, float(scale),
             D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
-            PREC=prec, **_launch_opts(num_warps, num_stages),
+            PREC=prec, HH16=q.dtype != torch.float32, **_launch_opts(num_warps, num_stages),
         )
         del RS, Qt, Kt
         # partial sums over the programs of a head, in a fixed order
