@@ -20,6 +20,7 @@ TOKENS = 16384
 LONG_SHAPES = [(D, T, 32 if D == 64 else 16, TOKENS // T) for D in (64, 128)
                for T in (1024, 2048, 4096, 8192, 16384)]
 TRAIN_SHAPES = [(32, 512, 2, 64), (128, 768, 2, 32)]  # (D, T, H, B) the suite trains on
+PRIORITY_T = (4096, 16384)  # measured first, so that a run cut short still has them
 IMPLS = ("ours", "fla", "sdpa")
 
 
@@ -234,7 +235,9 @@ def _profile(D, T, H, B, echo):
 @click.option("--compile-only", is_flag=True,
               help="call each implementation once per shape (fills Triton's caches), time nothing")
 @click.option("--profile", is_flag=True, help="profile one forward+backward of ours at D=64, T=4096 and exit")
-def bench_kernel(out_dir, impls, quick, compile_only, profile):
+@click.option("--seqlens", default=None, help="comma-separated sequence lengths of the 16K-token shapes "
+              "(default: 1024,2048,4096,8192,16384)")
+def bench_kernel(out_dir, impls, quick, compile_only, profile, seqlens):
     """Time the Triton PaTH kernel against fla-core and torch SDPA (needs a CUDA GPU)."""
     import torch
 
@@ -261,7 +264,17 @@ def bench_kernel(out_dir, impls, quick, compile_only, profile):
             click.echo("fla-core is not installed: timing without it (pip install fla-core)")
             impls = tuple(i for i in impls if i != "fla")
     shapes = [s for s in LONG_SHAPES if s[1] == 4096] if quick else list(LONG_SHAPES)
-    shapes += TRAIN_SHAPES
+    if seqlens:
+        try:
+            want = {int(x) for x in seqlens.split(",") if x.strip()}
+        except ValueError:
+            raise UserError(f"--seqlens takes comma-separated integers, got {seqlens!r}") from None
+        valid = {s[1] for s in LONG_SHAPES}
+        if not want or not want <= valid:
+            raise UserError(f"--seqlens must be among {sorted(valid)}, got {seqlens!r}")
+        shapes = [s for s in shapes if s[1] in want]
+    first = [s for s in shapes if s[1] in PRIORITY_T]
+    shapes = first + TRAIN_SHAPES + [s for s in shapes if s not in first]
     click.echo(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
