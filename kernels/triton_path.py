@@ -145,6 +145,8 @@ def _kernels():
 
         DT = KT.dtype.element_ty  # storage / data-dot dtype: float32, or q's 16-bit dtype
         for ib in range(g, N, NG):
+            # the previous query block's reads of RS and the partial buffers are done
+            tl.debug_barrier()
             offs_i = ib * BT + rows
             tile_i = offs_i[:, None] * D + cols[None, :]
             do = tl.load(DO + base + tile_i)
@@ -387,6 +389,7 @@ def _kernels():
             dQW = tl.where(lower, dQW, 0.0)
             dWK = tl.where(strict, dWK, 0.0)
             w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
+            tl.debug_barrier()  # DQ, DK were stored above, in another layout
             dq = tl.load(DQ + src, mask=m2, other=0.0, volatile=True) + tl.dot(dQW, w, input_precision=PREC)
             dk = tl.load(DK + src, mask=m2, other=0.0, volatile=True) + tl.dot(tl.trans(dWK), w, input_precision=PREC)
             q = tl.load(Q + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
@@ -405,6 +408,7 @@ def _kernels():
 # Tests change these to exercise the GPU's block size and several backward programs per head.
 INTERPRET_BLOCK = 16
 INTERPRET_GROUPS = 1
+MAX_GROUPS = 8
 
 # GPU launch configurations (BT, num_warps, num_stages) per kernel and head size. For 16-bit
 # inputs the first TUNE_CANDIDATES[kind][D] configurations that compile are timed once per kernel
@@ -485,7 +489,9 @@ def _num_groups(N: int, BH: int, device: torch.device) -> int:
         return max(1, min(N, INTERPRET_GROUPS))
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     want = -(-2 * sms // BH)
-    return max(1, min(N, want))
+    # each group keeps float32 partial sums of dK, dV and dL/dP over the whole sequence:
+    # at most MAX_GROUPS of them per head bounds that memory for long sequences and few heads
+    return max(1, min(N, want, MAX_GROUPS))
 
 
 def _to_blocks(x: torch.Tensor, Tp: int, dtype=torch.float32) -> torch.Tensor:
