@@ -4,29 +4,53 @@ Layout at the API: q, k, v, w are [B, T, H, D]; beta and log_fgate are [B, T, H]
 query i and key j <= i is scale * q_i^T H_i ... H_{j+1} k_j + (G_i - G_j) with
 H_t = I - beta_t w_t w_t^T and G = cumsum(log_fgate) (ATTENTION.md).
 
-Algorithm (blocks of BT tokens, ATTENTION.md "blockwise algorithm"):
+Algorithm (blocks of BT tokens, ATTENTION.md "blockwise algorithm"). Four kernels, one launch
+each; everything accumulates in float32.
 
-* Block-local algebra, in float32 torch (differentiated by autograd in the backward): per block
-  the UT matrix A = (I + strictly_lower(diag(beta) W W^T))^{-1} diag(beta) by one batched
-  triangular solve, U = A W (so the block's product is P = I - W^T U), the queries moved to
-  the block start (Qt = Q - (Q W^T o [s <= i]) U), the keys moved to the block end
-  (Kt = K - (K W^T o [t > j]) A^T W) and the intra-block logits.  This is O(T * BT * D) work.
-* Forward kernel: one program per (query block, batch*head). Online softmax over the
-  intra-block logits, then over the key blocks from right to left; after each key block the
-  running queries r are carried across that block: r <- r - (r W^T) U.
-* Backward kernel: a program owns a set of query blocks (I = g, g + NG, ...). For each it
-  replays the right-to-left carry of r once, keeping every r in a scratch buffer it owns, then
-  walks the key blocks left to right: the gradient of r is carried back across each block
-  (dr <- dr - (dr U^T) W) while dL/dP of the block (r^T dr, a D x D matrix), dKt, dV and the
-  gate's column sums go to per-program partial buffers. Partials are summed in torch in a
-  fixed order, so gradients are bitwise reproducible (no atomics). dL/dP gives dW and dU;
-  autograd through the block-local algebra gives dq, dk, dw, dbeta and dlog_fgate.
+1. Preprocessing (_prep_fwd_kernel, one program per (block, batch*head)). For the block's rows
+   (local time order) with W [BT, D], b = beta, Q, K:
+       L  = strictly_lower(diag(b) W W^T),  X = (I + L)^{-1}   (forward substitution on
+            register tiles: row i of X is e_i - sum_{s<i} L[i, s] X[s, :])
+       U  = X diag(b) W            the block's product is M = H_last ... H_first = I - W^T U
+       R  = diag(b) X^T W
+       QW = tril(Q W^T)  (s <= i),  WK = strictly_lower(W K^T)  (t > j)
+       E  = X diag(b) WK
+       Qt = Q - QW U               queries moved to the block start
+       Kt = K - WK^T R             keys moved to the block end
+       S  = scale (Q K^T - QW E) + G_i - G_j     intra-block logits (masked j <= i later)
+   W and U are stored in float32 (float16 for 16-bit inputs, the precision of the carries'
+   dots), Qt and Kt in the data dtype.
+2. Forward scan (_path_fwd_kernel, one program per (query block, batch*head)): online softmax
+   over S, then over the key blocks J from right to left with logits scale r Kt_J^T (+ gate);
+   after each key block the running queries are carried across it, r <- r M_J = r - (r W_J^T) U_J.
+3. Backward scan (_path_bwd_kernel): a program owns the query blocks I = g, g + NG, ... of a
+   head. Write r_{I,J} = Qt_I M_{I-1} ... M_{J+1} (the queries met by key block J). The program
+   replays the carry once (r_{I,J} for J descending, stored in a scratch it owns), then walks J
+   ascending with the adjoint dr (the gradient of the loss with respect to the queries after
+   crossing block J, from all key blocks < J):
+       dS = P o (dO V^T - delta),   dV_J += P^T dO,   dKt_J += scale dS^T r_{I,J}
+       dM_J += r_{I,J}^T dr,        dr <- dr M_J^T + scale dS Kt_J,   finally dQt_I = dr
+   (M_J^T = I - U_J^T W_J). dV, dKt, dM_J and the gate's column sums go to float32 buffers
+   owned by the program (per group, never per pair of blocks) and are summed over the NG
+   groups in torch in a fixed order: gradients are bitwise reproducible, without atomics.
+   The intra-block dS is written per block.
+4. Preprocessing backward (_prep_bwd_kernel, one program per block), from dQt, dKt, dS (the
+   intra-block logits' gradient) and dM. With ds = scale dS:
+       dQ = dQt + ds K,  dK = dKt + ds^T Q
+       dU = -QW^T dQt - W dM,   dW = -U dM^T           (M = I - W^T U; Qt = Q - QW U)
+       dE = -QW^T ds,   dR = -WK dKt                    (S term -QW E; Kt = K - WK^T R)
+       P1 = X^T dE,  P2 = X^T dU,  P3 = X diag(b) dR    (every product with X, grouped)
+       dQW = -dQt U^T - ds E^T,   dWK = diag(b) P1 - R dKt^T
+       dW += diag(b) P2 + P3,     db = rowsum(P1 o WK) + rowsum(P2 o W) + rowsum(dR o X^T W)
+       dX = dE (diag(b) WK)^T + dU (diag(b) W)^T + W (diag(b) dR)^T, and with
+       dL = strictly_lower(-X^T dX X^T) = strictly_lower(-(P1 E^T + P2 U^T + X^T W P3^T)):
+       db += rowsum(dL o W W^T),  dW += diag(b) dL W + (diag(b) dL)^T W
+       dQ += tril(dQW) W,  dK += strictly_lower(dWK)^T W,  dW += tril(dQW)^T Q + strictly_lower(dWK) K
+   The gate: dG_i = sum_j dS_ij - sum_j dS_ji over all blocks (rows from the scans, columns
+   from the group buffers), then dlog_fgate = reverse cumsum of dG.
 
-Everything accumulates in float32; the factored products (W, U) are kept in float32.
-
-Speed on an H200 (results/kernel/README.md): correct, but slower than fla-core's
-parallel_path_attn; most of the time goes to the block-local torch algebra and to the
-backward's per-program partial buffers. Both are the next things to move into Triton.
+Memory beyond the inputs: O(T (BT + D)) per head plus the backward's NG group buffers
+(NG <= MAX_GROUPS); nothing O(T^2), nothing per pair of blocks.
 """
 
 from __future__ import annotations
