@@ -139,10 +139,7 @@ def find_sweep_file(name: str) -> Path:
 
 def load_sweep_file(path: Path, seen: tuple = ()) -> tuple[dict, list[Grid]]:
     """(top-level settings, grids) of a sweep file and the files it includes."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+    import tomllib
 
     path = Path(path).resolve()
     if path in seen:
