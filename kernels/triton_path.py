@@ -18,11 +18,13 @@ each; everything accumulates in float32.
        Qt = Q - QW U               queries moved to the block start
        Kt = K - WK^T R             keys moved to the block end
        S  = scale (Q K^T - QW E) + G_i - G_j     intra-block logits (masked j <= i later)
-   W and U are stored in float32 (float16 for 16-bit inputs, the precision of the carries'
-   dots), Qt and Kt in the data dtype.
+       M  = I - W^T U             the block's product, stored dense (D x D) in float32
+            (float16 for 16-bit inputs, the precision of the carries' dots)
+   Qt and Kt are stored in the data dtype. A dense M makes each carry one [BT, D] x [D, D]
+   product instead of two [BT, BT, D] ones.
 2. Forward scan (_path_fwd_kernel, one program per (query block, batch*head)): online softmax
    over S, then over the key blocks J from right to left with logits scale r Kt_J^T (+ gate);
-   after each key block the running queries are carried across it, r <- r M_J = r - (r W_J^T) U_J.
+   after each key block the running queries are carried across it, r <- r M_J.
 3. Backward scan (_path_bwd_kernel): a program owns the query blocks I = g, g + NG, ... of a
    head. Write r_{I,J} = Qt_I M_{I-1} ... M_{J+1} (the queries met by key block J). The program
    replays the carry once (r_{I,J} for J descending, stored in a scratch it owns), then walks J
@@ -30,7 +32,7 @@ each; everything accumulates in float32.
    crossing block J, from all key blocks < J):
        dS = P o (dO V^T - delta),   dV_J += P^T dO,   dKt_J += scale dS^T r_{I,J}
        dM_J += r_{I,J}^T dr,        dr <- dr M_J^T + scale dS Kt_J,   finally dQt_I = dr
-   (M_J^T = I - U_J^T W_J). dV, dKt, dM_J and the gate's column sums go to float32 buffers
+   dV, dKt, dM_J and the gate's column sums go to float32 buffers
    owned by the program (per group, never per pair of blocks) and are summed over the NG
    groups in torch in a fixed order: gradients are bitwise reproducible, without atomics.
    The intra-block dS is written per block.
@@ -87,7 +89,7 @@ def _kernels():
 
     @triton.jit(do_not_specialize=["N"])
     def _path_fwd_kernel(
-        QT, KT, V, W, U, G, SI, O, LSE,
+        QT, KT, V, MB, G, SI, O, LSE,
         N, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
@@ -131,23 +133,20 @@ def _kernels():
             acc = acc * alpha[:, None] + tl.dot(p.to(DT), v, input_precision=PREC)
             m = m_new
             if HAS_HH:
-                wj = tl.load(W + tile_j)
-                uj = tl.load(U + tile_j)
+                mj = tl.load(MB + (bh * N + jb) * D * D + cols[:, None] * D + cols[None, :])
                 if HH16:
                     # 16-bit inputs: the carry's dots take float16 operands (tf32's mantissa,
                     # twice its rate); W and U stay float32 in memory, r accumulates in float32
-                    rw = tl.dot(r.to(tl.float16), tl.trans(wj.to(tl.float16)))
-                    r = r - tl.dot(rw.to(tl.float16), uj.to(tl.float16))
+                    r = tl.dot(r.to(tl.float16), mj.to(tl.float16))
                 else:
-                    rw = tl.dot(r, tl.trans(wj), input_precision=PREC)
-                    r = r - tl.dot(rw, uj, input_precision=PREC)
+                    r = tl.dot(r, mj, input_precision=PREC)
         o = acc / l[:, None]
         tl.store(O + tile_i, o.to(O.dtype.element_ty))
         tl.store(LSE + bh * Tp + offs_i, m + tl.log(l))
 
     @triton.jit(do_not_specialize=["N", "NG"])
     def _path_bwd_kernel(
-        QT, KT, V, W, U, G, SI, LSE, DO, DELTA,
+        QT, KT, V, MB, G, SI, LSE, DO, DELTA,
         DQT, DKP, DVP, DPP, DGROW, DGCOLP, DSI, RS,
         N, NG, scale,
         D: tl.constexpr, BT: tl.constexpr,
@@ -196,14 +195,11 @@ def _kernels():
                     jb = ib - 1 - jj
                     tile_j = (jb * BT + rows)[:, None] * D + cols[None, :]
                     tl.store(RS + pbase + tile_j, r.to(RS.dtype.element_ty))
-                    wj = tl.load(W + base + tile_j)
-                    uj = tl.load(U + base + tile_j)
+                    mj = tl.load(MB + (bh * N + jb) * D * D + cols[:, None] * D + cols[None, :])
                     if HH16:  # as in the forward: float16 operands, float32 accumulation
-                        rw = tl.dot(r.to(tl.float16), tl.trans(wj.to(tl.float16)))
-                        r = r - tl.dot(rw.to(tl.float16), uj.to(tl.float16))
+                        r = tl.dot(r.to(tl.float16), mj.to(tl.float16))
                     else:
-                        rw = tl.dot(r, tl.trans(wj), input_precision=PREC)
-                        r = r - tl.dot(rw, uj, input_precision=PREC)
+                        r = tl.dot(r, mj, input_precision=PREC)
                 # RS is read back below in another register layout, i.e. by other threads
                 tl.debug_barrier()
             if HAS_GATE:
@@ -238,15 +234,13 @@ def _kernels():
                     tl.store(DGCOLP + gbase + offs_j, dgc - tl.sum(ds, 0))
                 if HAS_HH:
                     # dr is dL/d(queries before block jb); carry it back across the block
-                    wj = tl.load(W + base + tile_j).to(tl.float32)
-                    uj = tl.load(U + base + tile_j).to(tl.float32)
                     # dL/dP_jb += r^T dr, in row slabs of at most 64 (smaller layout conversions)
                     for sl in tl.static_range(D // DS):
                         rs = tl.load(RS + pbase + offs_j[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
                         dp_ptr = DPP + dpbase + jb * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
                         tl.store(dp_ptr, tl.dot(tl.trans(rs), dr, acc=tl.load(dp_ptr), input_precision=PREC))
-                    du = tl.dot(dr, tl.trans(uj), input_precision=PREC)
-                    dr = dr - tl.dot(du, wj, input_precision=PREC)
+                    mj = tl.load(MB + (bh * N + jb) * D * D + cols[:, None] * D + cols[None, :])
+                    dr = tl.dot(dr, tl.trans(mj.to(tl.float32)), input_precision=PREC)
                 dr = tl.dot(dsb, kt, acc=dr, input_precision=PREC)
             tl.store(DQT + base + tile_i, dr)
             if HAS_GATE:
@@ -254,7 +248,7 @@ def _kernels():
 
     @triton.jit(do_not_specialize=["T", "H", "N"])
     def _prep_fwd_kernel(
-        Q, K, W, BETA, G, QT, KT, WB, UB, SI,
+        Q, K, W, BETA, G, QT, KT, MB, SI,
         T, H, N, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HPREC: tl.constexpr,
@@ -274,10 +268,11 @@ def _kernels():
         k = tl.load(K + src, mask=valid[:, None], other=0.0).to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PREC)
         if HAS_HH:
-            w = tl.load(W + src, mask=valid[:, None], other=0.0).to(tl.float32)
+            # operands are re-loaded (volatile) near their products: short-lived shared copies
+            m2 = valid[:, None]
             beta = tl.load(BETA + b * T * H + t * H + h, mask=valid, other=0.0).to(tl.float32)
-            wb = w * beta[:, None]
-            LT = tl.dot(w, tl.trans(wb), input_precision=HPREC)
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
+            LT = tl.dot(w, tl.trans(w * beta[:, None]), input_precision=HPREC)
             LT = tl.where(rows[:, None] < rows[None, :], LT, 0.0)
             # X = (I + L)^{-1} by forward substitution: row i is e_i - sum_{s<i} L[i, s] X[s, :]
             X = tl.zeros([BT, BT], dtype=tl.float32)
@@ -285,16 +280,33 @@ def _kernels():
                 li = tl.sum(tl.where(rows[None, :] == i, LT, 0.0), 1)  # L[i, s] (LT = L^T) over s
                 xi = tl.where(rows == i, 1.0, 0.0) - tl.sum(li[:, None] * X, 0)
                 X = tl.where(rows[:, None] == i, xi[None, :], X)
-            u = tl.dot(X, wb, input_precision=HPREC)
-            R = tl.dot(tl.trans(X), w, input_precision=HPREC) * beta[:, None]
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
+            u = tl.dot(X, w * beta[:, None], input_precision=HPREC)
+            # the block's product M = I - W^T U, dense (D x D), in row slabs of at most 64
+            DS: tl.constexpr = 64 if D > 64 else D
+            slab = tl.arange(0, DS)
+            for sl in tl.static_range(D // DS):
+                ws = tl.load(W + b * T * H * D + t[:, None] * (H * D) + h * D + sl * DS + slab[None, :],
+                             mask=m2, other=0.0, volatile=True).to(tl.float32)
+                eye = tl.where((sl * DS + slab)[:, None] == cols[None, :], 1.0, 0.0)
+                mb = eye - tl.dot(tl.trans(ws), u, input_precision=HPREC)
+                tl.store(MB + (bh * N + ib) * D * D + (sl * DS + slab)[:, None] * D + cols[None, :],
+                         mb.to(MB.dtype.element_ty))
+            # queries moved to the block start
+            q = tl.load(Q + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
             QW = tl.where(rows[None, :] <= rows[:, None], tl.dot(q, tl.trans(w), input_precision=PREC), 0.0)
-            WK = tl.where(rows[:, None] > rows[None, :], tl.dot(w, tl.trans(k), input_precision=PREC), 0.0)
             q = q - tl.dot(QW, u, input_precision=PREC)
-            k = k - tl.dot(tl.trans(WK), R, input_precision=PREC)
+            # intra-block logits
+            k = tl.load(K + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
+            WK = tl.where(rows[:, None] > rows[None, :], tl.dot(w, tl.trans(k), input_precision=PREC), 0.0)
             E = tl.dot(X, WK * beta[:, None], input_precision=PREC)
             s = s - tl.dot(QW, E, input_precision=PREC)
-            tl.store(WB + dst, w.to(WB.dtype.element_ty))
-            tl.store(UB + dst, u.to(UB.dtype.element_ty))
+            # keys moved to the block end
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
+            R = tl.dot(tl.trans(X), w, input_precision=HPREC) * beta[:, None]
+            k = k - tl.dot(tl.trans(WK), R, input_precision=PREC)
         s = s * scale
         if HAS_GATE:
             g = tl.load(G + bh * Tp + t)
@@ -305,7 +317,7 @@ def _kernels():
 
     @triton.jit(do_not_specialize=["T", "H", "N"])
     def _prep_bwd_kernel(
-        Q, K, W, BETA, UB, DQT, DKT, DSI, DP, XS,
+        Q, K, W, BETA, DQT, DKT, DSI, DP, XS,
         DQ, DK, DW, DBETA, DGL,
         T, H, N, scale,
         D: tl.constexpr, BT: tl.constexpr,
@@ -379,18 +391,17 @@ def _kernels():
             dL = -tl.dot(P1, tl.trans(E), input_precision=PREC)
             ds = tl.where(lower, tl.load(DSI + si, volatile=True), 0.0) * scale
             dQW = -tl.dot(ds, tl.trans(E), input_precision=PREC)
-            # U = X diag(beta) W (as stored by the forward) and P2 = X^T du
+            # U = X diag(beta) W and P2 = X^T du
             X = tl.load(XS + si, volatile=True)
             P2 = tl.dot(tl.trans(X), du, input_precision=PREC)
             w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
+            u = tl.dot(X, w * beta[:, None], input_precision=HPREC)
             dbeta += tl.sum(P2 * w, 1)
             dw = P2 * beta[:, None]
-            u = tl.load(UB + dst, volatile=True).to(tl.float32)
             dL -= tl.dot(P2, tl.trans(u), input_precision=PREC)
             dqt = tl.load(DQT + dst, volatile=True)
             dQW -= tl.dot(dqt, tl.trans(u), input_precision=PREC)
             dP = tl.load(DP + dpi, volatile=True)
-            u = tl.load(UB + dst, volatile=True).to(tl.float32)
             dw -= tl.dot(u, tl.trans(dP), input_precision=PREC)
             # R = diag(beta) M2 with M2 = X^T W, and P3 = X diag(beta) dR
             X = tl.load(XS + si, volatile=True)
@@ -453,6 +464,8 @@ _GPU_CONFIGS = {
 # Blocks of 128 are not offered: the preprocessing kernels' shared memory exceeds an H200's there.
 # Shared memory of the first configurations, compiled with triton 3.6 for sm_90 (limit 232448):
 # fwd 41-98 KB, bwd D=64 196608, D=128 212992, preprocessing <= 163840.
+# float32 inputs, backward at D=128: the 64-token block needs 256 KB of shared memory
+_FLOAT32_CONFIGS = {("bwd", 128): [(32, 4, 1), (16, 4, 1)]}
 TUNE_CANDIDATES = {"fwd": {16: 1, 32: 1, 64: 1, 128: 1}, "bwd": {16: 1, 32: 1, 64: 1, 128: 1}}
 FORCE_CONFIG: dict = {}  # kind -> (BT, num_warps, num_stages); used to pre-compile configurations
 _CHOSEN: dict = {}
@@ -473,8 +486,8 @@ def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch, 
     tune = tune and os.environ.get("PATHBENCH_TRITON_TUNE", "1") != "0"
     timed, last = [], None
     cfgs = _GPU_CONFIGS[kind][D]
-    if key[2] == torch.float32:  # float32 (tests, not speed): one stage, so that D=128 fits
-        cfgs = list(dict.fromkeys((bt, nw, 1) for bt, nw, _ in cfgs))
+    if key[2] == torch.float32:  # float32 (tests, not speed): configurations that fit
+        cfgs = _FLOAT32_CONFIGS.get((kind, D)) or list(dict.fromkeys((bt, nw, 1) for bt, nw, _ in cfgs))
     for cfg in cfgs:
         try:
             result = launch(*cfg)
@@ -529,7 +542,7 @@ def _to_blocks(x: torch.Tensor, Tp: int, dtype=torch.float32) -> torch.Tensor:
 
 
 def _hh_dtype(q):
-    """dtype of the stored Householder factors W, U and of the backward's replayed queries:
+    """dtype of the stored block products M and of the backward's replayed queries:
     float32 for float32 inputs; float16 (the precision of the carries' dots) for 16-bit ones."""
     return torch.float32 if q.dtype == torch.float32 else torch.float16
 
@@ -548,7 +561,7 @@ def _kernel_inputs(q, k, w, beta):
 
 
 def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts):
-    """Block-local algebra (Triton, one program per block): (Qt, Kt, W, U, SI)."""
+    """Block-local algebra (Triton, one program per block): (Qt, Kt, M, SI), M None without w."""
     B, T, H, D = q.shape
     dev = q.device
     Tp = N * BT
@@ -557,16 +570,15 @@ def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts):
     dummy = _dummy(dev)
     Qt = torch.empty(B, H, Tp, D, dtype=sd, device=dev)
     Kt = torch.empty(B, H, Tp, D, dtype=sd, device=dev)
-    Wb = torch.empty(B, H, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else None
-    Ub = torch.empty(B, H, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else None
+    Mb = torch.empty(B, H, N, D, D, dtype=_hh_dtype(q), device=dev) if has_hh else None
     SI = torch.empty(B, H, N, BT, BT, **f32)
     _kernels()[2][(N, B * H)](
         q, k, w if has_hh else dummy, beta if has_hh else dummy, dummy if G is None else G,
-        Qt, Kt, dummy if Wb is None else Wb, dummy if Ub is None else Ub, SI,
+        Qt, Kt, dummy if Mb is None else Mb, SI,
         T, H, N, float(scale),
         D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=G is not None, PREC=prec, HPREC=_hprec(dev), **launch_opts,
     )
-    return Qt, Kt, Wb, Ub, SI
+    return Qt, Kt, Mb, SI
 
 
 def _gate_cumsum(log_fgate, Tp):
@@ -628,14 +640,13 @@ def _forward(q, k, v, w, beta, log_fgate, scale):
         N = -(-T // BT)
         Tp = N * BT
         Gf = _gate_cumsum(log_fgate, Tp)
-        Qt, Kt, Wf, U, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D))
+        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D))
         dummy = _dummy(dev)
         O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
         LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
         _kernels()[0][(N, B * H)](
             Qt, Kt, _to_blocks(v, Tp, sd).contiguous(),
-            dummy if Wf is None else Wf,
-            dummy if U is None else U,
+            dummy if Mb is None else Mb,
             dummy if Gf is None else Gf,
             SI, O, LSE,
             N, float(scale),
@@ -663,7 +674,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
         Tp = N * BT
         pad = (0, Tp - T)
         Gf = _gate_cumsum(log_fgate, Tp)
-        Qt, Kt, Wf, U, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D))
+        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D))
         dO = _to_blocks(grad_out, Tp, sd).contiguous()
         delta = torch.nn.functional.pad(delta_t, pad).contiguous()
         lse = torch.nn.functional.pad(LSE, pad).contiguous()
@@ -680,7 +691,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
         dGcolp = torch.zeros(B, H, NG, Tp, **f32) if has_gate else dummy
         _kernels()[1][(NG, B * H)](
             Qt, Kt, _to_blocks(v, Tp, sd).contiguous(),
-            Wf if has_hh else dummy, U if has_hh else dummy, Gf if has_gate else dummy,
+            Mb if has_hh else dummy, Gf if has_gate else dummy,
             SI, lse, dO, delta,
             dQt, dKp, dVp, dPp, dGrow, dGcolp, dSI, RS,
             N, NG, float(scale),
@@ -701,7 +712,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
         dbeta = torch.empty(B, T, H, **f32) if has_hh else dummy
         dGl = torch.empty(B, H, Tp, **f32) if has_gate else dummy
         _kernels()[3][(N, B * H)](
-            qk, kk, wk if has_hh else dummy, bk if has_hh else dummy, U if has_hh else dummy,
+            qk, kk, wk if has_hh else dummy, bk if has_hh else dummy,
             dQt, dKt, dSI, dP, SI,
             dq, dk, dw, dbeta, dGl,
             T, H, N, float(scale),
