@@ -69,3 +69,14 @@ def plugin_site(tmp_path_factory) -> Path:
 def plugin_cli(tmp_path, plugin_site):
     """Run the command line in a subprocess that sees the installed example plugin."""
     return lambda *args: run_pathbench(args, cwd=tmp_path, extra_path=plugin_site)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: one thread is as fast, and immune to other processes on a busy machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

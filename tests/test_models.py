@@ -19,13 +19,7 @@ VARIANTS = ["nope", "rope", "sba", "fox", "path", "path_fox"]
 VOCAB = 11
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is as fast, and immune to other processes on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_model(attention, dtype=torch.float64, seed=0, **sizes):

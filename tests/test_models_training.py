@@ -16,12 +16,7 @@ from pathbench.models import build_model, model_config
 from pathbench.tasks import IGNORE_INDEX, make_task
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def read_loss(model, dataset):
