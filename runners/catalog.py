@@ -108,13 +108,13 @@ def data(task_name, split, num, seed, settings, out, show):
 
     --show prints the first sequences of the same dataset that --out would write.
     """
+    task = make_task(task_name, parse_settings(settings))
     if out is None and show is None:
         raise UserError("nothing to do: give --out FILE, --show K, or both")
     if out is not None and out.suffix not in SUFFIXES:
         raise UserError(
             f"unknown file type {out.suffix or '(none)'!r} for --out; use {' or '.join(SUFFIXES)}"
         )
-    task = make_task(task_name, parse_settings(settings))
     dataset = task.generate(num, seed, split)
     if out is not None:
         metadata = {"task": task.name, "version": task.version, "config": task.config,
