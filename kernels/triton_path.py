@@ -483,7 +483,7 @@ def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch, 
         return launch(*FORCE_CONFIG[kind])
     if key in _CHOSEN:
         return launch(*_CHOSEN[key])
-    tune = tune and os.environ.get("PATHBENCH_TRITON_TUNE", "1") != "0"
+    tune = tune and os.environ.get("PATHBENCH_TRITON_TUNE", "1") != "0" and TUNE_CANDIDATES[kind][D] > 1
     timed, last = [], None
     cfgs = _GPU_CONFIGS[kind][D]
     if key[2] == torch.float32:  # float32 (tests, not speed): configurations that fit
