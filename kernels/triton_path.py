@@ -236,7 +236,10 @@ def _kernels():
                     # dr is dL/d(queries before block jb); carry it back across the block
                     # dL/dP_jb += r^T dr, in row slabs of at most 64 (smaller layout conversions)
                     for sl in tl.static_range(D // DS):
-                        rs = tl.load(RS + pbase + offs_j[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
+                        if D > DS:
+                            rs = tl.load(RS + pbase + offs_j[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
+                        else:
+                            rs = r
                         dp_ptr = DPP + dpbase + jb * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
                         tl.store(dp_ptr, tl.dot(tl.trans(rs), dr, acc=tl.load(dp_ptr), input_precision=PREC))
                     mj = tl.load(MB + (bh * N + jb) * D * D + cols[:, None] * D + cols[None, :])
