@@ -17,10 +17,10 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 cat "$OUT/setup.log"
 
 # phase 1, side by side (correctness only): GPU tests, model check, pre-compilation for the bench
-timeout 170 python3 -m pytest tests/test_triton.py -q -n 6 -p no:cacheprovider --durations=12 \
+timeout 180 python3 -m pytest tests/test_triton.py -q -n 6 -p no:cacheprovider --durations=12 \
   >"$OUT/gpu_tests.log" 2>&1 &
 p1=$!
-timeout 170 python3 -m pathbench.kernels.triton_check >"$OUT/check.log" 2>&1 &
+timeout 180 python3 -m pathbench.kernels.triton_check >"$OUT/check.log" 2>&1 &
 p2=$!
 ( timeout 150 python3 -m pathbench.runners.cli bench kernel --compile-only --impl ours
   timeout 100 python3 -m pathbench.runners.cli bench kernel --compile-only --impl fla ) >>"$OUT/setup.log" 2>&1 &
@@ -35,7 +35,7 @@ left=$(( 330 - $(el) ))
 timeout $(( left > 40 ? left - 25 : 15 )) python3 -m pathbench.runners.cli bench kernel --path "$OUT" \
   2>&1 | tee "$OUT/bench.log"
 echo "bench exit $? at $(el)s" | tee -a "$OUT/setup.log"
-if [ "$(el)" -lt 300 ]; then
+if [ "$(el)" -lt 290 ]; then
   timeout $(( 330 - $(el) )) python3 -m pathbench.runners.cli bench kernel --profile >"$OUT/profile.log" 2>&1
   echo "profile exit $? at $(el)s" | tee -a "$OUT/setup.log"
 fi
