@@ -97,7 +97,7 @@ def _kernels():
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
-        ib = tl.program_id(0)
+        ib = N - 1 - tl.program_id(0)  # the longest rows are launched first
         bh = tl.program_id(1).to(tl.int64)
         Tp = N * BT
         rows = tl.arange(0, BT)
