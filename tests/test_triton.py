@@ -114,6 +114,16 @@ def test_gpu_block_size_and_several_backward_programs(monkeypatch):
     check_against_reference(make_inputs(1, 300, 1, 64, True, True))
 
 
+@pytest.mark.skipif(CUDA, reason="interpreter settings")
+def test_one_block_backward_kernel_at_small_head_sizes(monkeypatch):
+    """Up to D=64 the interpreter takes the two-block backward kernel; here the one-block one."""
+    import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(tp, "PAIR_MAX_D", 0)
+    check_against_reference(make_inputs(2, 37, 2, 16, True, True))
+    check_against_reference(make_inputs(1, 40, 1, 32, False, True))
+
+
 @pytest.mark.skipif(not CUDA, reason="GPU configurations")
 @pytest.mark.parametrize("D", [32, 64, 128])
 def test_every_tuned_gpu_configuration(D):
