@@ -17,13 +17,13 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 cat "$OUT/setup.log"
 
 # phase 1, side by side (correctness only): GPU tests, model check, pre-compilation for the bench
-timeout 180 python3 -m pytest tests/test_triton.py -q -n 6 -p no:cacheprovider --durations=12 \
+timeout 165 python3 -m pytest tests/test_triton.py -q -n 6 -p no:cacheprovider --durations=12 \
   >"$OUT/gpu_tests.log" 2>&1 &
 p1=$!
-timeout 180 python3 -m pathbench.kernels.triton_check >"$OUT/check.log" 2>&1 &
+timeout 165 python3 -m pathbench.kernels.triton_check >"$OUT/check.log" 2>&1 &
 p2=$!
-( timeout 150 python3 -m pathbench.runners.cli bench kernel --compile-only --impl ours
-  timeout 100 python3 -m pathbench.runners.cli bench kernel --compile-only --impl fla ) >>"$OUT/setup.log" 2>&1 &
+( timeout 120 python3 -m pathbench.runners.cli bench kernel --compile-only --impl ours
+  timeout 60 python3 -m pathbench.runners.cli bench kernel --compile-only --impl fla ) >>"$OUT/setup.log" 2>&1 &
 p3=$!
 wait $p1; echo "tests exit $? at $(el)s" | tee -a "$OUT/setup.log"
 wait $p2; echo "check exit $? at $(el)s" | tee -a "$OUT/setup.log"
@@ -31,12 +31,12 @@ wait $p3; echo "pre-compilation done at $(el)s" | tee -a "$OUT/setup.log"
 tail -n 25 "$OUT/gpu_tests.log"; cat "$OUT/check.log"
 
 # phase 2, alone on the GPU: the benchmark, then (time permitting) a profile
-left=$(( 330 - $(el) ))
-timeout $(( left > 40 ? left - 25 : 15 )) python3 -m pathbench.runners.cli bench kernel --path "$OUT" \
+left=$(( 300 - $(el) ))
+timeout $(( left > 30 ? left : 30 )) python3 -m pathbench.runners.cli bench kernel --path "$OUT" \
   2>&1 | tee "$OUT/bench.log"
 echo "bench exit $? at $(el)s" | tee -a "$OUT/setup.log"
-if [ "$(el)" -lt 290 ]; then
-  timeout $(( 330 - $(el) )) python3 -m pathbench.runners.cli bench kernel --profile >"$OUT/profile.log" 2>&1
+if [ "$(el)" -lt 270 ]; then
+  timeout $(( 305 - $(el) )) python3 -m pathbench.runners.cli bench kernel --profile >"$OUT/profile.log" 2>&1
   echo "profile exit $? at $(el)s" | tee -a "$OUT/setup.log"
 fi
 echo "end at $(el)s" | tee -a "$OUT/setup.log"
