@@ -646,7 +646,7 @@ _GPU_CONFIGS = {
 # registers; for 16-bit inputs the first call times the candidates and keeps the fastest.
 # float32 inputs, backward at D=128: the 64-token block needs 256 KB of shared memory
 _FLOAT32_CONFIGS = {("bwd", 128): [(32, 4, 1, False), (16, 4, 1, False)]}
-TUNE_CANDIDATES = {"fwd": {16: 1, 32: 1, 64: 1, 128: 1}, "bwd": {16: 2, 32: 2, 64: 3, 128: 1}}
+TUNE_CANDIDATES = {"fwd": {16: 1, 32: 1, 64: 2, 128: 2}, "bwd": {16: 2, 32: 2, 64: 3, 128: 1}}
 FORCE_CONFIG: dict = {}  # kind -> (BT, num_warps, num_stages); used to pre-compile configurations
 _CHOSEN: dict = {}
 
