@@ -700,15 +700,26 @@ def _launch_opts(num_warps, num_stages):
     return {"num_warps": num_warps, "num_stages": num_stages}
 
 
-def _num_groups(N: int, BH: int, device: torch.device) -> int:
-    """Programs per (batch, head) in the backward, each owning every NG-th query block."""
+def _num_groups(N: int, BH: int, device: torch.device, num_warps=None) -> int:
+    """Programs per (batch, head) in the backward, each owning every NG-th query block (pair).
+
+    The backward's programs use all registers: one of 8 warps (two of 4) fills an SM. NG is
+    the count, at most MAX_GROUPS, whose programs fill the last wave of SMs best, the smaller
+    on a tie: every group keeps float32 partial sums of dK, dV and dL/dP over the whole
+    sequence, so fewer groups also means less memory.
+    """
     if device.type != "cuda":
         return max(1, min(N, INTERPRET_GROUPS))
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = -(-2 * sms // BH)
-    # each group keeps float32 partial sums of dK, dV and dL/dP over the whole sequence:
-    # at most MAX_GROUPS of them per head bounds that memory for long sequences and few heads
-    return max(1, min(N, want, MAX_GROUPS))
+    slots = sms * max(1, 8 // (num_warps or 8))
+    best, best_eff = 1, -1.0
+    for ng in range(1, max(1, min(N, MAX_GROUPS)) + 1):
+        programs = ng * BH
+        waves = -(-programs // slots)
+        eff = programs / (waves * slots)
+        if eff > best_eff + 0.05:  # a clearly better fill is worth more memory
+            best, best_eff = ng, eff
+    return best
 
 
 def _to_blocks(x: torch.Tensor, Tp: int, dtype=torch.float32) -> torch.Tensor:
@@ -862,7 +873,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
         dO = _to_blocks(grad_out, Tp, sd).contiguous()
         delta = torch.nn.functional.pad(delta_t, pad).contiguous()
         lse = torch.nn.functional.pad(LSE, pad).contiguous()
-        NG = _num_groups(N // 2 if pair else N, B * H, dev)
+        NG = _num_groups(N // 2 if pair else N, B * H, dev, num_warps)
         f32 = dict(dtype=torch.float32, device=dev)
         dummy = _dummy(dev)
         dQt = torch.empty(B, H, Tp, D, **f32)
