@@ -894,12 +894,15 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
             PREC=prec, HH16=q.dtype != torch.float32, **_launch_opts(num_warps, num_stages),
         )
         del RS, Qt, Kt
-        # partial sums over the programs of a head, in a fixed order
-        dKt = dKp.sum(2)
+        # partial sums over the programs of a head, in a fixed order (none with one group)
+        def total(x):
+            return x[:, :, 0] if NG == 1 else x.sum(2)
+
+        dKt = total(dKp)
         del dKp
-        dv = dVp.sum(2)[:, :, :T].transpose(1, 2)
+        dv = total(dVp)[:, :, :T].transpose(1, 2)
         del dVp
-        dP = dPp.sum(2).contiguous() if has_hh else dummy  # dL/dP per block, [B, H, N, D, D]
+        dP = total(dPp).contiguous() if has_hh else dummy  # dL/dP per block, [B, H, N, D, D]
         del dPp
         dq = torch.empty(B, T, H, D, **f32)
         dk = torch.empty(B, T, H, D, **f32)
@@ -916,7 +919,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
         )
         dlf = None
         if has_gate:
-            dG = (dGrow + dGcolp.sum(2) + dGl)[:, :, :T]  # dL/dG, G = cumsum(log_fgate)
+            dG = (dGrow + total(dGcolp) + dGl)[:, :, :T]  # dL/dG, G = cumsum(log_fgate)
             dlf = dG.flip(-1).cumsum(-1).flip(-1).transpose(1, 2)
         if not has_hh:
             dw = dbeta = None
