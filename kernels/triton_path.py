@@ -40,7 +40,8 @@ each; everything accumulates in float32.
    last), reading and writing each key block's buffers once per pair: half that traffic, at
    the price of more registers (D <= 64; for 16-bit inputs the first call times both).
 4. Preprocessing backward (_prep_bwd_kernel, one program per block), from dQt, dKt, dS (the
-   intra-block logits' gradient) and dM. With ds = scale dS:
+   intra-block logits' gradient, written over the logits) and dM, with the block inverse X
+   that the backward's own preprocessing stored (no second substitution). With ds = scale dS:
        dQ = dQt + ds K,  dK = dKt + ds^T Q
        dU = -QW^T dQt - W dM,   dW = -U dM^T           (M = I - W^T U; Qt = Q - QW U)
        dE = -QW^T ds,   dR = -WK dKt                    (S term -QW E; Kt = K - WK^T R)
@@ -186,6 +187,7 @@ def _kernels():
             v = tl.load(V + base + tile_i)
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
             ds = p * (dp - delta[:, None])
+            tl.debug_barrier()  # DSI may be SI itself: every thread has read its logits
             tl.store(DSI + si_ptr, ds)
             dv_ptr = DVP + pbase + tile_i
             tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
@@ -298,6 +300,7 @@ def _kernels():
             p = tl.where(causal, tl.exp(tl.load(SI + si0) - lse0[:, None]), 0.0)
             v = tl.load(V + base + tile0)
             ds = p * (tl.dot(do0, tl.trans(v), input_precision=PREC) - delta0[:, None])
+            tl.debug_barrier()  # DSI may be SI itself: every thread has read its logits
             tl.store(DSI + si0, ds)
             dv_ptr = DVP + pbase + tile0
             tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do0, acc=tl.load(dv_ptr), input_precision=PREC))
@@ -305,6 +308,7 @@ def _kernels():
             p = tl.where(causal, tl.exp(tl.load(SI + si1) - lse1[:, None]), 0.0)
             v = tl.load(V + base + tile1)
             ds = p * (tl.dot(do1, tl.trans(v), input_precision=PREC) - delta1[:, None])
+            tl.debug_barrier()
             tl.store(DSI + si1, ds)
             dv_ptr = DVP + pbase + tile1
             tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do1, acc=tl.load(dv_ptr), input_precision=PREC))
@@ -423,10 +427,11 @@ def _kernels():
 
     @triton.jit(do_not_specialize=["T", "H", "N"])
     def _prep_fwd_kernel(
-        Q, K, W, BETA, G, QT, KT, MB, SI,
+        Q, K, W, BETA, G, QT, KT, MB, SI, XO,
         T, H, N, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HPREC: tl.constexpr,
+        SAVE_X: tl.constexpr,
     ):
         ib = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
@@ -455,6 +460,8 @@ def _kernels():
                 li = tl.sum(tl.where(rows[None, :] == i, LT, 0.0), 1)  # L[i, s] (LT = L^T) over s
                 xi = tl.where(rows == i, 1.0, 0.0) - tl.sum(li[:, None] * X, 0)
                 X = tl.where(rows[:, None] == i, xi[None, :], X)
+            if SAVE_X:  # for the preprocessing backward
+                tl.store(XO + (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :], X)
             w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
             u = tl.dot(X, w * beta[:, None], input_precision=HPREC)
             # the block's product M = I - W^T U, dense (D x D), in row slabs of at most 64
@@ -500,8 +507,8 @@ def _kernels():
     ):
         # The algebra is grouped so that every operand of a matrix product is loaded (or
         # re-loaded, volatile so that loads are not merged) right before its products: the
-        # compiler's shared-memory copies of dot operands then stay short-lived. X is kept in
-        # the scratch XS (this block's slot of the intra-block logits, no longer needed).
+        # compiler's shared-memory copies of dot operands then stay short-lived. X, the block
+        # inverse, was stored in XS by the preprocessing that the backward ran first.
         ib = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
         b = bh // H
@@ -531,17 +538,6 @@ def _kernels():
             tl.store(DQ + src, dq, mask=m2)
             tl.store(DK + src, dk, mask=m2)
             beta = tl.load(BETA + b * T * H + t * H + h, mask=valid, other=0.0)
-            # X = (I + L)^{-1} by forward substitution (as in the forward kernel)
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
-            LT = tl.dot(w, tl.trans(w * beta[:, None]), input_precision=HPREC)
-            LT = tl.where(rows[:, None] < rows[None, :], LT, 0.0)
-            X = tl.zeros([BT, BT], dtype=tl.float32)
-            for i in range(BT):
-                li = tl.sum(tl.where(rows[None, :] == i, LT, 0.0), 1)
-                xi = tl.where(rows == i, 1.0, 0.0) - tl.sum(li[:, None] * X, 0)
-                X = tl.where(rows[:, None] == i, xi[None, :], X)
-            tl.store(XS + si, X)
-            tl.debug_barrier()
             # products without X
             q = tl.load(Q + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
             w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
@@ -751,7 +747,7 @@ def _kernel_inputs(q, k, w, beta):
     return q, k, w, beta
 
 
-def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts):
+def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x=None):
     """Block-local algebra (Triton, one program per block): (Qt, Kt, M, SI), M None without w."""
     B, T, H, D = q.shape
     dev = q.device
@@ -765,9 +761,10 @@ def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts):
     SI = torch.empty(B, H, N, BT, BT, **f32)
     _kernels()[2][(N, B * H)](
         q, k, w if has_hh else dummy, beta if has_hh else dummy, dummy if G is None else G,
-        Qt, Kt, dummy if Mb is None else Mb, SI,
+        Qt, Kt, dummy if Mb is None else Mb, SI, dummy if save_x is None else save_x,
         T, H, N, float(scale),
-        D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=G is not None, PREC=prec, HPREC=_hprec(dev), **launch_opts,
+        D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=G is not None, PREC=prec, HPREC=_hprec(dev),
+        SAVE_X=save_x is not None, **launch_opts,
     )
     return Qt, Kt, Mb, SI
 
@@ -869,17 +866,18 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
         Tp = N * BT
         pad = (0, Tp - T)
         Gf = _gate_cumsum(log_fgate, Tp)
-        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D))
+        f32 = dict(dtype=torch.float32, device=dev)
+        XB = torch.empty(B, H, N, BT, BT, **f32) if has_hh else None  # the blocks' inverses
+        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D), XB)
         dO = _to_blocks(grad_out, Tp, sd).contiguous()
         delta = torch.nn.functional.pad(delta_t, pad).contiguous()
         lse = torch.nn.functional.pad(LSE, pad).contiguous()
         NG = _num_groups(N // 2 if pair else N, B * H, dev, num_warps)
-        f32 = dict(dtype=torch.float32, device=dev)
         dummy = _dummy(dev)
         dQt = torch.empty(B, H, Tp, D, **f32)
         dKp = torch.zeros(B, H, NG, Tp, D, **f32)
         dVp = torch.zeros(B, H, NG, Tp, D, **f32)
-        dSI = torch.empty(B, H, N, BT, BT, **f32)
+        dSI = SI  # the intra-block logits' gradient overwrites them
         dPp = torch.zeros(B, H, NG, N, D, D, **f32) if has_hh else dummy
         RS = torch.empty(B, H, NG, 2 if pair else 1, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
         dGrow = torch.empty(B, H, Tp, **f32) if has_gate else dummy
@@ -911,7 +909,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
         dGl = torch.empty(B, H, Tp, **f32) if has_gate else dummy
         _kernels()[3][(N, B * H)](
             qk, kk, wk if has_hh else dummy, bk if has_hh else dummy,
-            dQt, dKt, dSI, dP, SI,
+            dQt, dKt, dSI, dP, XB if has_hh else dummy,
             dq, dk, dw, dbeta, dGl,
             T, H, N, float(scale),
             D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, HPREC=_hprec(dev),
