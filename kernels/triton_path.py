@@ -41,7 +41,7 @@ each; everything accumulates in float32.
    the price of more registers (D <= 64; for 16-bit inputs the first call times both).
 4. Preprocessing backward (_prep_bwd_kernel, one program per block), from dQt, dKt, dS (the
    intra-block logits' gradient, written over the logits) and dM, with the block inverse X
-   that the backward's own preprocessing stored (no second substitution). With ds = scale dS:
+   that the forward kept (or, without it, the backward's preprocessing stored). With ds = scale dS:
        dQ = dQt + ds K,  dK = dKt + ds^T Q
        dU = -QW^T dQt - W dM,   dW = -U dM^T           (M = I - W^T U; Qt = Q - QW U)
        dE = -QW^T ds,   dR = -WK dKt                    (S term -QW E; Kt = K - WK^T R)
@@ -431,7 +431,7 @@ def _kernels():
         T, H, N, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HPREC: tl.constexpr,
-        SAVE_X: tl.constexpr,
+        SAVE_X: tl.constexpr, LOAD_X: tl.constexpr,
     ):
         ib = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
@@ -454,14 +454,18 @@ def _kernels():
             w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
             LT = tl.dot(w, tl.trans(w * beta[:, None]), input_precision=HPREC)
             LT = tl.where(rows[:, None] < rows[None, :], LT, 0.0)
-            # X = (I + L)^{-1} by forward substitution: row i is e_i - sum_{s<i} L[i, s] X[s, :]
-            X = tl.zeros([BT, BT], dtype=tl.float32)
-            for i in range(BT):
-                li = tl.sum(tl.where(rows[None, :] == i, LT, 0.0), 1)  # L[i, s] (LT = L^T) over s
-                xi = tl.where(rows == i, 1.0, 0.0) - tl.sum(li[:, None] * X, 0)
-                X = tl.where(rows[:, None] == i, xi[None, :], X)
-            if SAVE_X:  # for the preprocessing backward
-                tl.store(XO + (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :], X)
+            xo = XO + (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :]
+            if LOAD_X:  # solved by the forward already
+                X = tl.load(xo)
+            else:
+                # X = (I + L)^{-1} by forward substitution: row i is e_i - sum_{s<i} L[i, s] X[s, :]
+                X = tl.zeros([BT, BT], dtype=tl.float32)
+                for i in range(BT):
+                    li = tl.sum(tl.where(rows[None, :] == i, LT, 0.0), 1)  # L[i, s] (LT = L^T) over s
+                    xi = tl.where(rows == i, 1.0, 0.0) - tl.sum(li[:, None] * X, 0)
+                    X = tl.where(rows[:, None] == i, xi[None, :], X)
+                if SAVE_X:  # for the backward
+                    tl.store(xo, X)
             w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
             u = tl.dot(X, w * beta[:, None], input_precision=HPREC)
             # the block's product M = I - W^T U, dense (D x D), in row slabs of at most 64
@@ -615,6 +619,8 @@ def _kernels():
 INTERPRET_BLOCK = 16
 INTERPRET_GROUPS = 1
 MAX_GROUPS = 8
+# keep the forward's block inverses (float32, BT per token and head) for the backward
+KEEP_INVERSES = True
 # the backward takes query blocks two at a time up to this head size (registers)
 PAIR_MAX_D = 64
 
@@ -747,7 +753,7 @@ def _kernel_inputs(q, k, w, beta):
     return q, k, w, beta
 
 
-def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x=None):
+def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x=None, load_x=None):
     """Block-local algebra (Triton, one program per block): (Qt, Kt, M, SI), M None without w."""
     B, T, H, D = q.shape
     dev = q.device
@@ -761,10 +767,10 @@ def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x=None)
     SI = torch.empty(B, H, N, BT, BT, **f32)
     _kernels()[2][(N, B * H)](
         q, k, w if has_hh else dummy, beta if has_hh else dummy, dummy if G is None else G,
-        Qt, Kt, dummy if Mb is None else Mb, SI, dummy if save_x is None else save_x,
+        Qt, Kt, dummy if Mb is None else Mb, SI, next((x for x in (load_x, save_x) if x is not None), dummy),
         T, H, N, float(scale),
         D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=G is not None, PREC=prec, HPREC=_hprec(dev),
-        SAVE_X=save_x is not None, **launch_opts,
+        SAVE_X=save_x is not None, LOAD_X=load_x is not None, **launch_opts,
     )
     return Qt, Kt, Mb, SI
 
@@ -816,7 +822,8 @@ def _prep_opts(num_warps, BT, D):
     return {"num_warps": 8 if BT * D >= 4096 else 4, "num_stages": 1}
 
 
-def _forward(q, k, v, w, beta, log_fgate, scale):
+def _forward(q, k, v, w, beta, log_fgate, scale, keep_x=False):
+    """(O, LSE, X): X the blocks' inverses [B, H, N, BT, BT] for the backward, when keep_x."""
     B, T, H, D = q.shape
     dev = q.device
     sd = _storage_dtype(q)
@@ -828,7 +835,8 @@ def _forward(q, k, v, w, beta, log_fgate, scale):
         N = -(-T // BT)
         Tp = N * BT
         Gf = _gate_cumsum(log_fgate, Tp)
-        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D))
+        XK = torch.empty(B, H, N, BT, BT, dtype=torch.float32, device=dev) if keep_x and has_hh else None
+        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D), XK)
         dummy = _dummy(dev)
         O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
         LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
@@ -841,13 +849,13 @@ def _forward(q, k, v, w, beta, log_fgate, scale):
             D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
             PREC=prec, HH16=q.dtype != torch.float32, **_launch_opts(num_warps, num_stages),
         )
-        return O[:, :, :T], LSE[:, :, :T]
+        return O[:, :, :T], LSE[:, :, :T], XK
 
     tune = q.dtype != torch.float32
     return _with_fallback("fwd", _spec_key("fwd", q, has_hh, has_gate), D, dev, launch, tune)
 
 
-def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
+def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
     """Gradients (dq, dk, dv, dw, dbeta, dlog_fgate) in float32 (None where an input is None)."""
     B, T, H, D = q.shape
     dev = q.device
@@ -867,8 +875,18 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out):
         pad = (0, Tp - T)
         Gf = _gate_cumsum(log_fgate, Tp)
         f32 = dict(dtype=torch.float32, device=dev)
-        XB = torch.empty(B, H, N, BT, BT, **f32) if has_hh else None  # the blocks' inverses
-        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D), XB)
+        # the blocks' inverses: the forward's when its blocks were these (an extra block of
+        # padding has X = I), else solved again here
+        XB, solved = None, False
+        if has_hh and X is not None and X.shape[-1] == BT and N - X.shape[2] in (0, 1):
+            XB, solved = X, True
+            if X.shape[2] < N:
+                eye = torch.eye(BT, **f32).expand(B, H, 1, BT, BT)
+                XB = torch.cat([X, eye], dim=2)
+        elif has_hh:
+            XB = torch.empty(B, H, N, BT, BT, **f32)
+        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D),
+                                  None if solved else XB, XB if solved else None)
         dO = _to_blocks(grad_out, Tp, sd).contiguous()
         delta = torch.nn.functional.pad(delta_t, pad).contiguous()
         lse = torch.nn.functional.pad(LSE, pad).contiguous()
@@ -931,17 +949,18 @@ class _PathAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, w, beta, log_fgate, scale):
         # the block-local algebra must stay in float32 whatever autocast says
+        keep_x = w is not None and KEEP_INVERSES and any(ctx.needs_input_grad[:6])
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
-            O, LSE = _forward(q, k, v, w, beta, log_fgate, scale)
-        ctx.save_for_backward(q, k, v, w, beta, log_fgate, O, LSE)
+            O, LSE, X = _forward(q, k, v, w, beta, log_fgate, scale, keep_x)
+        ctx.save_for_backward(q, k, v, w, beta, log_fgate, O, LSE, X)
         ctx.scale = scale
         return O.transpose(1, 2)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, w, beta, log_fgate, O, LSE = ctx.saved_tensors
+        q, k, v, w, beta, log_fgate, O, LSE, X = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):
-            grads = _backward(q, k, v, w, beta, log_fgate, ctx.scale, O, LSE, grad_out)
+            grads = _backward(q, k, v, w, beta, log_fgate, ctx.scale, O, LSE, grad_out, X)
         like = (q, k, v, w, beta, log_fgate)
         return tuple(None if g is None else g.to(x.dtype) for g, x in zip(grads, like)) + (None,)
 

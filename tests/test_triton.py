@@ -122,6 +122,9 @@ def test_one_block_backward_kernel_at_small_head_sizes(monkeypatch):
     monkeypatch.setattr(tp, "PAIR_MAX_D", 0)
     check_against_reference(make_inputs(2, 37, 2, 16, True, True))
     check_against_reference(make_inputs(1, 40, 1, 32, False, True))
+    # and the backward solving the blocks' inverses again (the forward not keeping them)
+    monkeypatch.setattr(tp, "KEEP_INVERSES", False)
+    check_against_reference(make_inputs(1, 37, 2, 32, True, True))
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU configurations")
