@@ -9,8 +9,8 @@ each; everything accumulates in float32.
 
 1. Preprocessing (_prep_fwd_kernel, one program per (block, batch*head)). For the block's rows
    (local time order) with W [BT, D], b = beta, Q, K:
-       L  = strictly_lower(diag(b) W W^T),  X = (I + L)^{-1}   (forward substitution on
-            register tiles: row i of X is e_i - sum_{s<i} L[i, s] X[s, :])
+       L  = strictly_lower(diag(b) W W^T),  X = (I + L)^{-1}   (recursive doubling of
+            inverted diagonal blocks, two [BT, BT] products per level)
        U  = X diag(b) W            the block's product is M = H_last ... H_first = I - W^T U
        R  = diag(b) X^T W
        QW = tril(Q W^T)  (s <= i),  WK = strictly_lower(W K^T)  (t > j)
@@ -451,19 +451,23 @@ def _kernels():
             # operands are re-loaded (volatile) near their products: short-lived shared copies
             m2 = valid[:, None]
             beta = tl.load(BETA + b * T * H + t * H + h, mask=valid, other=0.0).to(tl.float32)
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
-            LT = tl.dot(w, tl.trans(w * beta[:, None]), input_precision=HPREC)
-            LT = tl.where(rows[:, None] < rows[None, :], LT, 0.0)
             xo = XO + (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :]
             if LOAD_X:  # solved by the forward already
                 X = tl.load(xo)
             else:
-                # X = (I + L)^{-1} by forward substitution: row i is e_i - sum_{s<i} L[i, s] X[s, :]
-                X = tl.zeros([BT, BT], dtype=tl.float32)
-                for i in range(BT):
-                    li = tl.sum(tl.where(rows[None, :] == i, LT, 0.0), 1)  # L[i, s] (LT = L^T) over s
-                    xi = tl.where(rows == i, 1.0, 0.0) - tl.sum(li[:, None] * X, 0)
-                    X = tl.where(rows[:, None] == i, xi[None, :], X)
+                # X = (I + L)^{-1}, L = strictly_lower(diag(beta) W W^T), by recursive doubling of
+                # the inverted diagonal blocks: for a block [[A, 0], [C, B]] of I + L whose
+                # halves are inverted, the inverse is [[A^-1, 0], [-B^-1 C A^-1, B^-1]].
+                w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
+                L = tl.dot(w * beta[:, None], tl.trans(w), input_precision=HPREC)
+                L = tl.where(rows[:, None] > rows[None, :], L, 0.0)
+                X = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+                for lvl in tl.static_range(7):
+                    if (1 << lvl) < BT:
+                        hb = rows // (1 << lvl)  # index of the half-block
+                        c = ((hb[:, None] // 2) == (hb[None, :] // 2)) & (hb[:, None] % 2 == 1) & (hb[None, :] % 2 == 0)
+                        Z = tl.dot(tl.where(c, L, 0.0), X, input_precision=HPREC)  # C A^-1
+                        X = X - tl.dot(X, Z, input_precision=HPREC)  # B^-1 C A^-1 below A^-1
                 if SAVE_X:  # for the backward
                     tl.store(xo, X)
             w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
