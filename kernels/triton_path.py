@@ -951,9 +951,9 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
 
 class _PathAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, w, beta, log_fgate, scale):
+    def forward(ctx, q, k, v, w, beta, log_fgate, scale, grad_needed):
         # the block-local algebra must stay in float32 whatever autocast says
-        keep_x = w is not None and KEEP_INVERSES and any(ctx.needs_input_grad[:6])
+        keep_x = w is not None and KEEP_INVERSES and grad_needed
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
             O, LSE, X = _forward(q, k, v, w, beta, log_fgate, scale, keep_x)
         ctx.save_for_backward(q, k, v, w, beta, log_fgate, O, LSE, X)
@@ -966,7 +966,7 @@ class _PathAttention(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):
             grads = _backward(q, k, v, w, beta, log_fgate, ctx.scale, O, LSE, grad_out, X)
         like = (q, k, v, w, beta, log_fgate)
-        return tuple(None if g is None else g.to(x.dtype) for g, x in zip(grads, like)) + (None,)
+        return tuple(None if g is None else g.to(x.dtype) for g, x in zip(grads, like)) + (None, None)
 
 
 
@@ -1026,4 +1026,6 @@ def path_attention_triton(q, k, v, w=None, beta=None, log_fgate=None, scale=None
     _check(q, k, v, w, beta, log_fgate)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    return _PathAttention.apply(q, k, v, w, beta, log_fgate, float(scale))
+    grad_needed = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, w, beta, log_fgate))
+    return _PathAttention.apply(q, k, v, w, beta, log_fgate, float(scale), grad_needed)
