@@ -431,7 +431,7 @@ def _kernels():
         T, H, N, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HPREC: tl.constexpr,
-        SAVE_X: tl.constexpr, LOAD_X: tl.constexpr,
+        SAVE_X: tl.constexpr, LOAD_X: tl.constexpr, XPREC: tl.constexpr,
     ):
         ib = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
@@ -466,8 +466,8 @@ def _kernels():
                     if (1 << lvl) < BT:
                         hb = rows // (1 << lvl)  # index of the half-block
                         c = ((hb[:, None] // 2) == (hb[None, :] // 2)) & (hb[:, None] % 2 == 1) & (hb[None, :] % 2 == 0)
-                        Z = tl.dot(tl.where(c, L, 0.0), X, input_precision=HPREC)  # C A^-1
-                        X = X - tl.dot(X, Z, input_precision=HPREC)  # B^-1 C A^-1 below A^-1
+                        Z = tl.dot(tl.where(c, L, 0.0), X, input_precision=XPREC)  # C A^-1
+                        X = X - tl.dot(X, Z, input_precision=XPREC)  # B^-1 C A^-1 below A^-1
                 if SAVE_X:  # for the backward
                     tl.store(xo, X)
             w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
@@ -776,7 +776,7 @@ def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x=None,
         Qt, Kt, dummy if Mb is None else Mb, SI, next((x for x in (load_x, save_x) if x is not None), dummy),
         T, H, N, float(scale),
         D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=G is not None, PREC=prec, HPREC=_hprec(dev),
-        SAVE_X=save_x is not None, LOAD_X=load_x is not None, **launch_opts,
+        SAVE_X=save_x is not None, LOAD_X=load_x is not None, XPREC=_xprec(q.dtype, dev), **launch_opts,
     )
     return Qt, Kt, Mb, SI
 
@@ -791,6 +791,15 @@ def _prec(dtype: torch.dtype, device: torch.device) -> str:
     """Precision of float32 dots: float32-accurate for float32 inputs (exact under the
     interpreter, three-pass tf32 on the GPU); tf32 for 16-bit inputs, whose data dots run in
     their own dtype."""
+    if device.type != "cuda":
+        return "ieee"
+    return "tf32x3" if dtype == torch.float32 else "tf32"
+
+
+def _xprec(dtype: torch.dtype, device: torch.device) -> str:
+    """Precision of the block inversion's products: float32-accurate for float32 inputs; tf32
+    for 16-bit ones (a relative error of about 1e-3 in the block products, the size of their
+    float16 storage; three-pass tf32 there spilled registers heavily on the H200)."""
     if device.type != "cuda":
         return "ieee"
     return "tf32x3" if dtype == torch.float32 else "tf32"
