@@ -38,7 +38,7 @@ each; everything accumulates in float32.
    The intra-block dS is written per block. _path_bwd_pair_kernel does the same for two query
    blocks at a time (I0 = 2p, I1 = 2p + 1, walking J < I0 together, I1's extra key block I0
    last), reading and writing each key block's buffers once per pair: half that traffic, at
-   the price of more registers (D <= 64; for 16-bit inputs the first call times both).
+   the price of more registers (D <= 64; on the GPU a tuning candidate at D = 64 only).
 4. Preprocessing backward (_prep_bwd_kernel, one program per block), from dQt, dKt, dS (the
    intra-block logits' gradient, written over the logits) and dM, with the block inverse X
    that the forward kept (or, without it, the backward's preprocessing stored). With ds = scale dS:
