@@ -512,6 +512,7 @@ def _kernels():
         T, H, N, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HPREC: tl.constexpr,
+        XPREC: tl.constexpr,
     ):
         # The algebra is grouped so that every operand of a matrix product is loaded (or
         # re-loaded, volatile so that loads are not merged) right before its products: the
@@ -574,7 +575,7 @@ def _kernels():
             X = tl.load(XS + si, volatile=True)
             P2 = tl.dot(tl.trans(X), du, input_precision=PREC)
             w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
-            u = tl.dot(X, w * beta[:, None], input_precision=HPREC)
+            u = tl.dot(X, w * beta[:, None], input_precision=XPREC)
             dbeta += tl.sum(P2 * w, 1)
             dw = P2 * beta[:, None]
             dL -= tl.dot(P2, tl.trans(u), input_precision=PREC)
@@ -585,7 +586,7 @@ def _kernels():
             # R = diag(beta) M2 with M2 = X^T W, and P3 = X diag(beta) dR
             X = tl.load(XS + si, volatile=True)
             w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
-            M2 = tl.dot(tl.trans(X), w, input_precision=HPREC)
+            M2 = tl.dot(tl.trans(X), w, input_precision=XPREC)
             P3 = tl.dot(X, dR * beta[:, None], input_precision=PREC)
             dbeta += tl.sum(dR * M2, 1)
             dw += P3
@@ -946,7 +947,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
             dq, dk, dw, dbeta, dGl,
             T, H, N, float(scale),
             D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, HPREC=_hprec(dev),
-            **_prep_opts(num_warps, BT, D),
+            XPREC=_xprec(q.dtype, dev), **_prep_opts(num_warps, BT, D),
         )
         dlf = None
         if has_gate:
