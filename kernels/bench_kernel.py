@@ -92,7 +92,6 @@ FLA_ISOLATED_D = {32}
 
 def _measure(impl, D, T, H, B, warmup, rep):
     """Rows for one implementation at one shape, and its forward output (float32)."""
-    import torch
     from triton.testing import do_bench
 
     args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
