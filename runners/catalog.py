@@ -16,9 +16,7 @@ reader never sees a half-written dataset.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import click
 import numpy as np
 
 from pathbench import UserError
+from pathbench.runners.store import write_atomic
 from pathbench.tasks import IGNORE_INDEX, TASKS, Dataset, Task, default_config, make_task
 
 SUFFIXES = (".npz", ".parquet")
@@ -140,38 +139,29 @@ def parse_settings(settings: tuple[str, ...]) -> dict[str, str]:
 
 
 def save_dataset(path: Path, dataset: Dataset, metadata: str) -> None:
-    """Write ``dataset`` in the format named by the suffix, through a temporary file in the
-    same folder that is renamed into place; an unusable path is a UserError."""
+    """Write ``dataset`` in the format named by the suffix, atomically (a temporary sibling
+    renamed into place); a missing folder or an unwritable path is a UserError."""
     write = write_npz if path.suffix == ".npz" else write_parquet
+    if not path.parent.is_dir():
+        raise UserError(f"cannot write {str(path)!r}: folder {str(path.parent)!r} does not exist")
     try:
-        handle, temporary = tempfile.mkstemp(
-            dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix
-        )
-        os.close(handle)
+        write_atomic(path, lambda file: write(file, dataset, metadata))
     except OSError as exc:
         raise UserError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
-    try:
-        write(Path(temporary), dataset, metadata)
-        os.replace(temporary, path)
-    except OSError as exc:
-        raise UserError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
 
 
-def write_npz(path: Path, dataset: Dataset, metadata: str) -> None:
-    with open(path, "wb") as file:  # a file object, so numpy does not append ".npz" to the name
-        np.savez(file, inputs=dataset.inputs, targets=dataset.targets,
-                 vocab=np.array(dataset.vocab, dtype=str), metadata=np.array(metadata))
+def write_npz(file, dataset: Dataset, metadata: str) -> None:
+    # A file object, so numpy does not append ".npz" to the name.
+    np.savez(file, inputs=dataset.inputs, targets=dataset.targets,
+             vocab=np.array(dataset.vocab, dtype=str), metadata=np.array(metadata))
 
 
-def write_parquet(path: Path, dataset: Dataset, metadata: str) -> None:
+def write_parquet(file, dataset: Dataset, metadata: str) -> None:
     import pandas as pd  # only this format needs pandas
 
     frame = pd.DataFrame({"inputs": list(dataset.inputs), "targets": list(dataset.targets)})
     frame.attrs = {"vocab": list(dataset.vocab), "metadata": metadata}
-    frame.to_parquet(path, engine="pyarrow", index=False)
+    frame.to_parquet(file, engine="pyarrow", index=False)
 
 
 def format_examples(task: Task, dataset: Dataset, split: str, seed: int, count: int) -> str:
