@@ -2,9 +2,10 @@
 
 The grid is the product of models x layers x heads x learning rates x seeds (x any ``--grid``
 key). Every grid point is resolved up front, so a typo fails before anything runs. A run whose
-``result.json`` exists is skipped: records are written atomically and only once a run is over,
-so a sweep killed at any moment (SIGKILL included) loses nothing written, and running the same
-command again finishes the rest.
+``result.json`` exists is skipped, unless its status is "failed" (a crash, not an outcome of
+training): records are written atomically and only once a run is over, so a sweep killed at any
+moment (SIGKILL included) loses nothing written, and running the same command again finishes
+the rest and retries the failures.
 
 Executors:
 
@@ -378,7 +379,7 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
     if dry_run:
         for _, configs in planned:
             for config in configs:
-                mark = "done" if (out / run_id(config) / store.RESULT_FILE).exists() else "todo"
+                mark = "done" if _is_done(out / run_id(config)) else "todo"
                 click.echo(f"{mark}  {run_id(config)}")
         return counts
 
@@ -437,8 +438,9 @@ def run_cost(config: dict) -> int:
 
 
 def _is_done(run_dir: Path) -> bool:
+    """Finished with an outcome of training ("ok" or "diverged"); a failed run is redone."""
     try:
-        return store.is_done(run_dir)
+        return store.is_done(run_dir) and store.read_result(run_dir)["status"] != "failed"
     except store.CorruptRecord as exc:
         aside = store.set_aside_corrupt(run_dir)
         tqdm.write(f"{exc}\n  moved to {aside}; that run is redone", file=sys.stderr)

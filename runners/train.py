@@ -9,6 +9,10 @@ hash in every record proves it.
 
 Optimisation: AdamW, linear warm-up then cosine decay to zero, global gradient-norm clipping,
 bf16 autocast on CUDA (float32 on CPU). A NaN or infinite loss ends the run as "diverged".
+
+On CUDA the optimizer step is captured once as a CUDA graph and replayed (``TrainStep``): the
+benchmark's models are small, and an eager step of them spends most of its time launching
+kernels from Python rather than running them.
 """
 
 from __future__ import annotations
@@ -96,22 +100,100 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def make_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, train: TrainConfig,
+                   device: torch.device) -> torch.optim.AdamW:
     # Weight decay on matrices only: decaying gains and biases toward zero only hurts.
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    # A graph-captured step reads the learning rate from device memory, so on CUDA it is a
+    # tensor that TrainStep.set_lr overwrites in place.
+    capturable = device.type == "cuda"
+    lr = torch.tensor(train.lr, device=device) if capturable else train.lr
     return torch.optim.AdamW(
         [
             {"params": decay, "weight_decay": train.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ],
-        lr=train.lr,
+        lr=lr,
         betas=(0.9, 0.98),
+        capturable=capturable,
     )
 
 
 def _autocast(device: torch.device):
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    # The autocast weight cache must be off while a CUDA graph is captured.
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda",
+                          cache_enabled=False)
+
+
+class TrainStep:
+    """One training step on a batch: forward, loss, backward, clipping and the AdamW update.
+
+    Calling it returns the step's loss (a device tensor) and adds the step's correct and
+    scored target counts to ``correct`` and ``scored``. On CUDA the first EAGER_CUDA_STEPS
+    steps run eagerly on a side stream (lazy initialisation, the Triton kernel's choice of
+    launch configuration), the next one is captured as a CUDA graph, and every later step
+    replays that graph on fresh data copied into the captured input buffers: the same
+    computation, without the per-kernel launch cost of Python.
+    """
+
+    EAGER_CUDA_STEPS = 3
+
+    def __init__(self, model, optimizer, grad_clip: float, device: torch.device):
+        self.model, self.optimizer, self.grad_clip = model, optimizer, grad_clip
+        self.device = device
+        self.correct = torch.zeros((), dtype=torch.long, device=device)
+        self.scored = torch.zeros((), dtype=torch.long, device=device)
+        self.steps_taken = 0
+        self.graph = None
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+
+    def __call__(self, inputs, targets) -> torch.Tensor:
+        self.steps_taken += 1
+        if self.device.type != "cuda":
+            return self._step(inputs, targets)
+        if self.graph is not None:
+            self.graph_inputs.copy_(inputs)
+            self.graph_targets.copy_(targets)
+            self.graph.replay()
+            return self.graph_loss.clone()  # the next replay overwrites graph_loss
+        if self.steps_taken <= self.EAGER_CUDA_STEPS:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                loss = self._step(inputs, targets)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            return loss
+        # Capturing records the step without running it; the replay below runs it.
+        self.graph_inputs, self.graph_targets = inputs.clone(), targets.clone()
+        self.optimizer.zero_grad(set_to_none=True)  # backward allocates .grad in the graph
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.graph_loss = self._step(self.graph_inputs, self.graph_targets,
+                                         zero_grad=False)
+        self.graph.replay()
+        return self.graph_loss.clone()
+
+    def _step(self, inputs, targets, zero_grad: bool = True) -> torch.Tensor:
+        if zero_grad:
+            self.optimizer.zero_grad(set_to_none=True)
+        with _autocast(self.device):
+            logits = self.model(inputs)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                               ignore_index=IGNORE)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        mask = targets != IGNORE
+        self.correct += ((logits.argmax(dim=-1) == targets) & mask).sum()
+        self.scored += mask.sum()
+        return loss.detach()
 
 
 @torch.no_grad()
@@ -155,15 +237,11 @@ def train(model, task, train_config: TrainConfig, seed: int, device: torch.devic
     data_hash = dataset_hash({"validation": validation_set, **evaluation_sets})
 
     model.to(device).train()
-    optimizer = make_optimizer(model, config)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, config.steps, config.warmup)
-    )
+    step_fn = TrainStep(model, make_optimizer(model, config, device), config.grad_clip, device)
+    correct, scored = step_fn.correct, step_fn.scored
     # Statistics stay on the device and are read back every LOSS_READ_EVERY steps: reading a
     # value each step would stall the GPU queue at every step.
     unread_losses: list[torch.Tensor] = []
-    correct = torch.zeros((), dtype=torch.long, device=device)
-    scored = torch.zeros((), dtype=torch.long, device=device)
     loss_sum, interval_steps, last_loss = 0.0, 0, math.nan
     validation: dict = {}
     stopped_early = False
@@ -173,20 +251,9 @@ def train(model, task, train_config: TrainConfig, seed: int, device: torch.devic
     batches = training_batches(task, config.batch_size, seed, device)
     step = 0
     for step in range(1, config.steps + 1):
-        inputs, targets = next(batches)
-        with _autocast(device):
-            logits = model(inputs)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
-                               ignore_index=IGNORE)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        schedule.step()
-        unread_losses.append(loss.detach())
-        mask = targets != IGNORE
-        correct += ((logits.argmax(dim=-1) == targets) & mask).sum()
-        scored += mask.sum()
+        lr = config.lr * lr_factor(step - 1, config.steps, config.warmup)
+        step_fn.set_lr(lr)
+        unread_losses.append(step_fn(*next(batches)))
 
         evaluate_now = step % config.eval_every == 0 or step == config.steps
         if len(unread_losses) < LOSS_READ_EVERY and not evaluate_now:
@@ -215,7 +282,7 @@ def train(model, task, train_config: TrainConfig, seed: int, device: torch.devic
                               config.batch_size, device)
         curve.append({
             "step": step,
-            "lr": schedule.get_last_lr()[0],
+            "lr": lr,
             "loss": loss_sum / interval_steps,
             "accuracy": correct.item() / max(1, scored.item()),
             "validation": validation,

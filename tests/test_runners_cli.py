@@ -102,6 +102,14 @@ def test_a_crash_is_recorded_as_failed(tmp_path, capsys, monkeypatch):
     assert result["reason"] == "RuntimeError: out of memory (simulated)"
     assert "Traceback" in result["traceback"]
 
+    # A sweep over the same run retries the failure (a crash is not an outcome of training).
+    monkeypatch.undo()
+    code, _, stderr = cli(capsys, "sweep", "flipflop", *TINY, "--out", tmp_path)
+    assert code == 0, stderr
+    assert "1 runs, 0 already done" in stderr
+    [result] = results_of(tmp_path).values()
+    assert result["status"] == "ok"
+
 
 @pytest.mark.parametrize("args, message", [
     (["run", "nosuch"], "unknown task 'nosuch'; valid choices:"),
