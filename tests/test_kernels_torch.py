@@ -177,11 +177,15 @@ def test_custom_scale():
                                rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("householder", [False, True])
 @pytest.mark.parametrize("gate", [False, True])
-def test_blockwise_gradients_gradcheck(gate):
-    # Blocks of 4 over 10 tokens: three blocks, the last one padded.
-    inputs = make_inputs(T=10, H=2, D=4, gate=gate)
-    inputs = tuple(None if x is None else x.requires_grad_() for x in inputs)
+def test_blockwise_gradients_gradcheck(householder, gate):
+    # Blocks of 4 over 10 tokens: three blocks, the last one padded. Without the Householder
+    # part (FoX, or plain softmax without the gate) only the across-blocks backward is used.
+    q, k, v, w, beta, log_fgate = make_inputs(T=10, H=2, D=4, gate=gate)
+    if not householder:
+        w = beta = None
+    inputs = tuple(None if x is None else x.requires_grad_() for x in (q, k, v, w, beta, log_fgate))
     assert torch.autograd.gradcheck(lambda *xs: path_attention_blockwise(*xs, block=4), inputs,
                                     fast_mode=True)
 
