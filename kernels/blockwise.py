@@ -49,8 +49,9 @@ def path_attention_blockwise(q, k, v, w=None, beta=None, log_fgate=None, scale=N
     n = -(-T // block)  # number of blocks
     pad = n * block - T
 
-    def padded(x):  # [B, T, H, ...] -> [B, n * block, H, ...]
-        return F.pad(x.to(dtype), (0, 0) * (x.dim() - 2) + (0, pad))
+    def padded(x):  # [B, T, H, ...] -> [B, n * block, H, ...]; F.pad would copy even with pad 0
+        x = x.to(dtype)
+        return F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) if pad else x
 
     def blocks(x):  # [B, T, H, ...] -> [n, B * H, block, ...]: a block of every head is a batch
         x = padded(x).unflatten(1, (n, block)).movedim((1, 3), (0, 2))
@@ -105,7 +106,7 @@ class _WithinBlocks(torch.autograd.Function):
         wk = (w @ k.mT).tril_(-1)
         u = a_inv @ (beta * w)
         y = a_inv @ (beta * wk)
-        intra = torch.baddbmm(q @ k.mT, qw, y, alpha=-1)
+        intra = (q @ k.mT).baddbmm_(qw, y, alpha=-1)
         intra.masked_fill_(eye.new_ones(C, C, dtype=torch.bool).triu_(1), float("-inf"))
         q_start = torch.baddbmm(q, qw, u, alpha=-1)
         k_end = torch.baddbmm(k, y.mT, w, alpha=-1)
@@ -123,14 +124,14 @@ class _WithinBlocks(torch.autograd.Function):
             x.flatten(0, -3) for x in (d_q_start, d_k_end, d_intra, d_products))
         d_intra = d_intra.tril()  # the entries above the diagonal are constants (-inf)
         # Gradients of the four outputs' terms qw Y, qw U, Y^T W, W^T U (each is subtracted).
-        d_qw = torch.baddbmm(d_intra @ y.mT, d_q_start, u.mT).neg_().tril_()
-        d_y = torch.baddbmm(qw.mT @ d_intra, w, d_k_end.mT).neg_()
-        d_u = torch.baddbmm(qw.mT @ d_q_start, w, d_products).neg_()
-        d_w = torch.baddbmm(y @ d_k_end, u, d_products.mT).neg_()
+        d_qw = (d_intra @ y.mT).baddbmm_(d_q_start, u.mT).neg_().tril_()
+        d_y = (qw.mT @ d_intra).baddbmm_(w, d_k_end.mT).neg_()
+        d_u = (qw.mT @ d_q_start).baddbmm_(w, d_products).neg_()
+        d_w = (y @ d_k_end).baddbmm_(u, d_products.mT).neg_()
         # U and Y solve A X = diag(beta) R for R = W, wk: the right-hand sides get A^-T dX,
         # and A gets -(A^-T dX) X^T, of which only its strictly lower part is a variable.
         d_rhs_u, d_rhs_y = a_inv.mT @ d_u, a_inv.mT @ d_y
-        d_a = torch.baddbmm(d_rhs_u @ u.mT, d_rhs_y, y.mT).neg_().tril_(-1)
+        d_a = (d_rhs_u @ u.mT).baddbmm_(d_rhs_y, y.mT).neg_().tril_(-1)
         d_beta = ((d_a * gram).sum(-1, keepdim=True) + (d_rhs_u * w).sum(-1, keepdim=True)
                   + (d_rhs_y * wk).sum(-1, keepdim=True))
         d_gram = beta * d_a
@@ -199,13 +200,13 @@ class _AcrossBlocks(torch.autograd.Function):
                 d_g[:, :seen] -= d_logits.sum(1)
             d_intra[p] = d_logits[..., p * C:]
             d_cross = d_logits[..., : p * C]
-            d_q_start[p] = d_cross @ keys[p]
+            torch.bmm(d_cross, keys[p], out=d_q_start[p])
             d_keys = d_cross.mT @ q_start[p]
             if d_carried is not None:  # keys seen from block p + 1 = [keys[p] P_p^T, k_end[p]]
                 d_k_end[p] = d_carried[:, p * C:]
                 d_moved = d_carried[:, : p * C]
                 if products is not None:
-                    d_products[p] = d_moved.mT @ keys[p]
+                    torch.bmm(d_moved.mT, keys[p], out=d_products[p])
                     d_moved = d_moved @ products[p]
                 d_keys += d_moved
             d_carried = d_keys
