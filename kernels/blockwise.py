@@ -14,11 +14,10 @@ matmuls. For blocks of C = 64 tokens:
    (The GPU kernel moves queries instead; the cost is the same, O(T^2 D^2 / C) in all, but here
    a query block's whole row is one large matmul rather than one small matmul per key block.)
 
-Both steps have hand-written backward passes: autograd through them kept and recomputed far
-more than the gradients need (a triangular solve per use of the inverse, copies of every
-slice), which made the CPU path several times slower than its matmuls. The backward reuses the
-forward's block inverses and attention weights, so its cost is about twice the forward's
-matmuls and nothing else of note.
+Both steps have hand-written backward passes that reuse what the forward computed (the block
+inverses, the attention weights, the carried keys): autograd through the same operations
+solved the triangular systems a second time and gave every slice it took a gradient the size of
+the whole tensor. The backward's cost is about twice the forward's matmuls and little else.
 
 There is no T x T triangular solve: the work is O(T^2 D) for the logits and the values,
 O(T^2 D^2 / C) for carrying the keys and O(T C (C + D)) within the blocks; the attention
@@ -183,7 +182,7 @@ class _AcrossBlocks(torch.autograd.Function):
         probs, keys = ctx.probs, ctx.keys
         n, N, C, D = q_start.shape
         d_q_start = torch.empty_like(q_start)
-        d_k_end = torch.zeros_like(q_start)  # the last block's keys are never carried
+        d_k_end = torch.zeros_like(q_start)  # the last block's keys and product are never used
         d_intra = q_start.new_empty(n, N, C, C)
         d_products = None if products is None else torch.zeros_like(products)
         d_v = torch.zeros_like(v)
