@@ -209,6 +209,26 @@ def test_blockwise_gradients_match_brute_force(beta_near):
         torch.testing.assert_close(a, e, rtol=0, atol=1e-10, msg=name)
 
 
+def test_blockwise_many_blocks_match_reference_with_gradients():
+    # Blocks of 4: 18 per sequence, 108 in all, so the within-block algebra runs in several
+    # batches of WITHIN_CHUNK blocks, the last one partial.
+    from pathbench.kernels.blockwise import WITHIN_CHUNK
+
+    inputs = make_inputs(B=2, T=70, H=3, D=8, seed=7)
+    assert 2 * 3 * 18 > 3 * WITHIN_CHUNK and 2 * 3 * 18 % WITHIN_CHUNK
+
+    def outputs_and_grads(fn):
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        out = fn(*leaves)
+        out.backward(torch.sin(torch.arange(out.numel(), dtype=F64)).view_as(out))
+        return [out] + [x.grad for x in leaves]
+
+    expected = outputs_and_grads(path_attention_reference)
+    actual = outputs_and_grads(lambda *xs: path_attention_blockwise(*xs, block=4))
+    for name, a, e in zip("out q k v w beta log_fgate".split(), actual, expected):
+        torch.testing.assert_close(a, e, rtol=0, atol=1e-10, msg=name)
+
+
 @pytest.mark.parametrize("D", [16, 64])
 @pytest.mark.parametrize("gate", [False, True])
 def test_matches_fla_naive_path_attn(D, gate):
