@@ -412,8 +412,7 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
                 counts["skipped (solved at fewer layers)"] += skipped
                 bar.total -= skipped
                 bar.refresh()
-            # Longest runs first, so that the last ones to finish are short.
-            todo.sort(key=run_cost, reverse=True)
+            todo = in_run_order(todo)
             if not todo:
                 continue
             if pool is not None:
@@ -428,6 +427,12 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
             pool.close()
         bar.close()
     return counts
+
+
+def in_run_order(configs: list[dict]) -> list[dict]:
+    """Longest runs first, so that the last ones to finish are short; among equals, seed 0 of
+    every configuration before any seed 1, so that a sweep cut short has every cell."""
+    return sorted(configs, key=lambda config: (-run_cost(config), config["seed"]))
 
 
 def run_cost(config: dict) -> int:

@@ -19,7 +19,7 @@ from pathbench.runners.config import (
     train_config,
 )
 from pathbench.runners.report import aggregate, load_frame, min_layers_table, solved_cells
-from pathbench.runners.sweep import Grid, _waves, find_sweep_file, load_sweep_file
+from pathbench.runners.sweep import Grid, _waves, find_sweep_file, in_run_order, load_sweep_file
 
 
 # --- options and configuration ---------------------------------------------------------------
@@ -174,6 +174,14 @@ def _fake_record(config, accuracy):
             "primary_metric": "accuracy", "solved_threshold": 0.9,
             "metrics": {"test": {"accuracy": accuracy}}, "config": config,
             "provenance": {"wall_time_s": 0.1}}
+
+
+def test_runs_start_longest_first_then_seed_by_seed():
+    grid = Grid(task="flipflop", models=["rope", "path"], layers=[1, 2], seeds=[0, 1], d_model=16)
+    order = [(c["model"]["layers"], c["seed"], c["model"]["attention"])
+             for c in in_run_order(grid.configs("cpu"))]
+    assert order == [(2, 0, "rope"), (2, 0, "path"), (2, 1, "rope"), (2, 1, "path"),
+                     (1, 0, "rope"), (1, 0, "path"), (1, 1, "rope"), (1, 1, "path")]
 
 
 def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path):

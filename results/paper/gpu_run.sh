@@ -32,7 +32,7 @@ else
 fi
 
 # Shortest experiment first, so that a call cut short still finishes whole experiments.
-for part in flipflop word_problems mqrar; do
+for part in ${PARTS:-flipflop word_problems mqrar}; do
   left=$(( budget - 30 - $(el) ))
   [ $left -gt 20 ] || break
   echo "== $part at $(el)s ($(date -u +%T))" >>"$log"
