@@ -293,5 +293,5 @@ def bench_kernel(out_dir, impls, quick, compile_only, profile, seqlens):
         from pathbench.kernels import triton_path
 
         for key, cfg in sorted(triton_path._CHOSEN.items(), key=str):
-            click.echo(f"ours: configuration {cfg} (BT, warps, stages[, pair]) for {key}")
+            click.echo(f"ours: configuration {cfg} (BT, warps, stages) for {key}")
     click.echo(f"wrote {out / 'kernel_bench.csv'} and {out / 'kernel_bench.png'}")

@@ -35,10 +35,7 @@ each; everything accumulates in float32.
    dV, dKt, dM_J and the gate's column sums go to float32 buffers
    owned by the program (per group, never per pair of blocks) and are summed over the NG
    groups in torch in a fixed order: gradients are bitwise reproducible, without atomics.
-   The intra-block dS is written per block. _path_bwd_pair_kernel does the same for two query
-   blocks at a time (I0 = 2p, I1 = 2p + 1, walking J < I0 together, I1's extra key block I0
-   last), reading and writing each key block's buffers once per pair: half that traffic, at
-   the price of more registers (D <= 64; on the GPU a tuning candidate at D = 64 only).
+   The intra-block dS is written per block.
 4. Preprocessing backward (_prep_bwd_kernel, one program per block), from dQt, dKt, dS (the
    intra-block logits' gradient, written over the logits) and dM, with the block inverse X
    that the forward kept (or, without it, the backward's preprocessing stored). With ds = scale dS:
@@ -254,177 +251,6 @@ def _kernels():
             if HAS_GATE:
                 tl.store(DGROW + bh * Tp + offs_i, dg_row)
 
-    @triton.jit(do_not_specialize=["N", "NG"])
-    def _path_bwd_pair_kernel(
-        QT, KT, V, MB, G, SI, LSE, DO, DELTA,
-        DQT, DKP, DVP, DPP, DGROW, DGCOLP, DSI, RS,
-        N, NG, scale,
-        D: tl.constexpr, BT: tl.constexpr,
-        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
-    ):
-        """_path_bwd_kernel on two query blocks at a time (I0 = 2p, I1 = 2p + 1; N is even):
-        both walk the key blocks J < I0 together, so that each key block's partial sums (dV,
-        dKt, dL/dM, gate columns) are read and written once per pair of query blocks; I1's
-        extra key block I0 is its first step of the replay and its last of the walk."""
-        g = tl.program_id(0)
-        bh = tl.program_id(1).to(tl.int64)
-        Tp = N * BT
-        rows = tl.arange(0, BT)
-        cols = tl.arange(0, D)
-        base = bh * Tp * D
-        own = bh * NG + g
-        pbase = own * Tp * D
-        rs0 = own * 2 * Tp * D  # replayed queries of I0 in RS[own, 0], of I1 in RS[own, 1]
-        rs1 = rs0 + Tp * D
-        gbase = own * Tp
-        dpbase = own * N * D * D
-        dd = cols[:, None] * D + cols[None, :]
-        causal = rows[None, :] <= rows[:, None]
-        DT = KT.dtype.element_ty
-        for pp in range(g, N // 2, NG):
-            tl.debug_barrier()
-            i0 = 2 * pp
-            i1 = i0 + 1
-            offs0 = i0 * BT + rows
-            offs1 = i1 * BT + rows
-            tile0 = offs0[:, None] * D + cols[None, :]
-            tile1 = offs1[:, None] * D + cols[None, :]
-            do0 = tl.load(DO + base + tile0)
-            do1 = tl.load(DO + base + tile1)
-            delta0 = tl.load(DELTA + bh * Tp + offs0)
-            delta1 = tl.load(DELTA + bh * Tp + offs1)
-            lse0 = tl.load(LSE + bh * Tp + offs0)
-            lse1 = tl.load(LSE + bh * Tp + offs1)
-            # each query block's own keys
-            si0 = (bh * N + i0) * BT * BT + rows[:, None] * BT + rows[None, :]
-            p = tl.where(causal, tl.exp(tl.load(SI + si0) - lse0[:, None]), 0.0)
-            v = tl.load(V + base + tile0)
-            ds = p * (tl.dot(do0, tl.trans(v), input_precision=PREC) - delta0[:, None])
-            tl.debug_barrier()  # DSI may be SI itself: every thread has read its logits
-            tl.store(DSI + si0, ds)
-            dv_ptr = DVP + pbase + tile0
-            tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do0, acc=tl.load(dv_ptr), input_precision=PREC))
-            si1 = (bh * N + i1) * BT * BT + rows[:, None] * BT + rows[None, :]
-            p = tl.where(causal, tl.exp(tl.load(SI + si1) - lse1[:, None]), 0.0)
-            v = tl.load(V + base + tile1)
-            ds = p * (tl.dot(do1, tl.trans(v), input_precision=PREC) - delta1[:, None])
-            tl.debug_barrier()
-            tl.store(DSI + si1, ds)
-            dv_ptr = DVP + pbase + tile1
-            tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do1, acc=tl.load(dv_ptr), input_precision=PREC))
-
-            qt0 = tl.load(QT + base + tile0).to(tl.float32)
-            qt1 = tl.load(QT + base + tile1).to(tl.float32)
-            r0 = qt0
-            r1 = qt1
-            if HAS_HH:
-                # replay: I1 first crosses block I0, then both cross J = I0 - 1, ..., 0
-                tl.store(RS + rs1 + tile0, r1.to(RS.dtype.element_ty))
-                mj = tl.load(MB + (bh * N + i0) * D * D + dd)
-                if HH16:
-                    r1 = tl.dot(r1.to(tl.float16), mj.to(tl.float16))
-                else:
-                    r1 = tl.dot(r1, mj, input_precision=PREC)
-                for jj in range(0, i0):
-                    jb = i0 - 1 - jj
-                    tile_j = (jb * BT + rows)[:, None] * D + cols[None, :]
-                    tl.store(RS + rs0 + tile_j, r0.to(RS.dtype.element_ty))
-                    tl.store(RS + rs1 + tile_j, r1.to(RS.dtype.element_ty))
-                    mj = tl.load(MB + (bh * N + jb) * D * D + dd)
-                    if HH16:
-                        r0 = tl.dot(r0.to(tl.float16), mj.to(tl.float16))
-                        r1 = tl.dot(r1.to(tl.float16), mj.to(tl.float16))
-                    else:
-                        r0 = tl.dot(r0, mj, input_precision=PREC)
-                        r1 = tl.dot(r1, mj, input_precision=PREC)
-                tl.debug_barrier()
-            if HAS_GATE:
-                gq0 = tl.load(G + bh * Tp + offs0)
-                gq1 = tl.load(G + bh * Tp + offs1)
-                dg0 = tl.zeros([BT], dtype=tl.float32)
-                dg1 = tl.zeros([BT], dtype=tl.float32)
-            dr0 = tl.zeros([BT, D], dtype=tl.float32)
-            dr1 = tl.zeros([BT, D], dtype=tl.float32)
-            for jb in range(0, i0):
-                offs_j = jb * BT + rows
-                tile_j = offs_j[:, None] * D + cols[None, :]
-                if HAS_HH:
-                    r0 = tl.load(RS + rs0 + tile_j).to(tl.float32)
-                    r1 = tl.load(RS + rs1 + tile_j).to(tl.float32)
-                else:
-                    r0 = qt0
-                    r1 = qt1
-                kt = tl.load(KT + base + tile_j)
-                v = tl.load(V + base + tile_j)
-                rb0 = r0.to(DT)
-                rb1 = r1.to(DT)
-                s0 = tl.dot(rb0, tl.trans(kt), input_precision=PREC) * scale
-                s1 = tl.dot(rb1, tl.trans(kt), input_precision=PREC) * scale
-                if HAS_GATE:
-                    gk = tl.load(G + bh * Tp + offs_j)
-                    s0 += gq0[:, None] - gk[None, :]
-                    s1 += gq1[:, None] - gk[None, :]
-                p0 = tl.exp(s0 - lse0[:, None])
-                p1 = tl.exp(s1 - lse1[:, None])
-                ds0 = p0 * (tl.dot(do0, tl.trans(v), input_precision=PREC) - delta0[:, None])
-                ds1 = p1 * (tl.dot(do1, tl.trans(v), input_precision=PREC) - delta1[:, None])
-                dsb0 = (ds0 * scale).to(DT)
-                dsb1 = (ds1 * scale).to(DT)
-                dv_ptr = DVP + pbase + tile_j
-                dv = tl.dot(tl.trans(p0.to(DT)), do0, acc=tl.load(dv_ptr), input_precision=PREC)
-                tl.store(dv_ptr, tl.dot(tl.trans(p1.to(DT)), do1, acc=dv, input_precision=PREC))
-                dk_ptr = DKP + pbase + tile_j
-                dk = tl.dot(tl.trans(dsb0), rb0, acc=tl.load(dk_ptr), input_precision=PREC)
-                tl.store(dk_ptr, tl.dot(tl.trans(dsb1), rb1, acc=dk, input_precision=PREC))
-                if HAS_GATE:
-                    dg0 += tl.sum(ds0, 1)
-                    dg1 += tl.sum(ds1, 1)
-                    dgc = tl.load(DGCOLP + gbase + offs_j)
-                    tl.store(DGCOLP + gbase + offs_j, dgc - tl.sum(ds0, 0) - tl.sum(ds1, 0))
-                if HAS_HH:
-                    dp_ptr = DPP + dpbase + jb * D * D + dd
-                    dm = tl.dot(tl.trans(r0), dr0, acc=tl.load(dp_ptr), input_precision=PREC)
-                    tl.store(dp_ptr, tl.dot(tl.trans(r1), dr1, acc=dm, input_precision=PREC))
-                    mt = tl.trans(tl.load(MB + (bh * N + jb) * D * D + dd).to(tl.float32))
-                    dr0 = tl.dot(dr0, mt, input_precision=PREC)
-                    dr1 = tl.dot(dr1, mt, input_precision=PREC)
-                dr0 = tl.dot(dsb0, kt, acc=dr0, input_precision=PREC)
-                dr1 = tl.dot(dsb1, kt, acc=dr1, input_precision=PREC)
-            # I1 and the key block I0 (whose dV the intra-block step above wrote in another layout)
-            tl.debug_barrier()
-            if HAS_HH:
-                r1 = tl.load(RS + rs1 + tile0).to(tl.float32)
-            else:
-                r1 = qt1
-            kt = tl.load(KT + base + tile0)
-            rb1 = r1.to(DT)
-            s1 = tl.dot(rb1, tl.trans(kt), input_precision=PREC) * scale
-            if HAS_GATE:
-                gk = tl.load(G + bh * Tp + offs0)
-                s1 += gq1[:, None] - gk[None, :]
-            p1 = tl.exp(s1 - lse1[:, None])
-            v = tl.load(V + base + tile0)
-            ds1 = p1 * (tl.dot(do1, tl.trans(v), input_precision=PREC) - delta1[:, None])
-            dsb1 = (ds1 * scale).to(DT)
-            dv_ptr = DVP + pbase + tile0
-            tl.store(dv_ptr, tl.dot(tl.trans(p1.to(DT)), do1, acc=tl.load(dv_ptr), input_precision=PREC))
-            dk_ptr = DKP + pbase + tile0
-            tl.store(dk_ptr, tl.dot(tl.trans(dsb1), rb1, acc=tl.load(dk_ptr), input_precision=PREC))
-            if HAS_GATE:
-                dg1 += tl.sum(ds1, 1)
-                dgc = tl.load(DGCOLP + gbase + offs0)
-                tl.store(DGCOLP + gbase + offs0, dgc - tl.sum(ds1, 0))
-                tl.store(DGROW + bh * Tp + offs0, dg0)
-                tl.store(DGROW + bh * Tp + offs1, dg1)
-            if HAS_HH:
-                dp_ptr = DPP + dpbase + i0 * D * D + dd
-                tl.store(dp_ptr, tl.dot(tl.trans(r1), dr1, acc=tl.load(dp_ptr), input_precision=PREC))
-                mt = tl.trans(tl.load(MB + (bh * N + i0) * D * D + dd).to(tl.float32))
-                dr1 = tl.dot(dr1, mt, input_precision=PREC)
-            dr1 = tl.dot(dsb1, kt, acc=dr1, input_precision=PREC)
-            tl.store(DQT + base + tile0, dr0)
-            tl.store(DQT + base + tile1, dr1)
-
     @triton.jit(do_not_specialize=["T", "H", "N"])
     def _prep_fwd_kernel(
         Q, K, W, BETA, G, QT, KT, MB, SI, XO,
@@ -615,7 +441,7 @@ def _kernels():
         tl.store(DQ + src, dq, mask=m2)
         tl.store(DK + src, dk, mask=m2)
 
-    _KERNELS = (_path_fwd_kernel, _path_bwd_kernel, _prep_fwd_kernel, _prep_bwd_kernel, _path_bwd_pair_kernel)
+    _KERNELS = (_path_fwd_kernel, _path_bwd_kernel, _prep_fwd_kernel, _prep_bwd_kernel)
     return _KERNELS
 
 
@@ -626,8 +452,6 @@ INTERPRET_GROUPS = 1
 MAX_GROUPS = 8
 # keep the forward's block inverses (float32, BT per token and head) for the backward
 KEEP_INVERSES = True
-# the backward takes query blocks two at a time up to this head size (registers)
-PAIR_MAX_D = 64
 
 # GPU launch configurations (BT, num_warps, num_stages) per kernel and head size. For 16-bit
 # inputs the first TUNE_CANDIDATES[kind][D] configurations that compile are timed once per kernel
@@ -640,22 +464,19 @@ _GPU_CONFIGS = {
             32: [(64, 4, 1), (32, 4, 1)],
             64: [(64, 4, 2), (64, 8, 2), (32, 4, 1)],
             128: [(64, 8, 2), (64, 4, 2), (32, 4, 1)]},
-    # backward: (BT, num_warps, num_stages, query blocks two at a time). At D <= 32 the pair
-    # kernel with two pipeline stages hit an illegal memory access on the H200 (the run of
-    # results/kernel/): one stage and the one-block kernel only there.
-    "bwd": {16: [(64, 4, 1, False), (32, 4, 1, False)],
-            32: [(64, 4, 1, False), (32, 4, 1, False)],
-            64: [(64, 4, 1, False), (64, 8, 1, True), (64, 8, 2, False), (32, 4, 1, False)],
-            128: [(64, 8, 1, False), (32, 4, 1, False), (16, 4, 1, False)]},
+    # backward: one stage at D <= 32 (two stages hit an illegal memory access on the H200 in
+    # an earlier version, with a kernel that took query blocks two at a time)
+    "bwd": {16: [(64, 4, 1), (32, 4, 1)],
+            32: [(64, 4, 1), (32, 4, 1)],
+            64: [(64, 4, 1), (64, 8, 2), (32, 4, 1)],
+            128: [(64, 8, 1), (32, 4, 1), (16, 4, 1)]},
 }
 # Blocks of 128 are not offered: the preprocessing kernels' shared memory exceeds an H200's there.
 # Shared memory of the first configurations, compiled with triton 3.6 for sm_90 (limit 232448):
-# at most 196608 (forward, float32, D=128); backward pair kernel at D=64 131072.
-# The backward's pair kernel moves about half the partial-sum traffic but spills more
-# registers; for 16-bit inputs the first call times the candidates and keeps the fastest.
+# at most 196608 (forward, float32, D=128).
 # float32 inputs, backward at D=128: the 64-token block needs 256 KB of shared memory
-_FLOAT32_CONFIGS = {("bwd", 128): [(32, 4, 1, False), (16, 4, 1, False)]}
-TUNE_CANDIDATES = {"fwd": {16: 1, 32: 1, 64: 2, 128: 2}, "bwd": {16: 1, 32: 1, 64: 3, 128: 1}}
+_FLOAT32_CONFIGS = {("bwd", 128): [(32, 4, 1), (16, 4, 1)]}
+TUNE_CANDIDATES = {"fwd": {16: 1, 32: 1, 64: 2, 128: 2}, "bwd": {16: 1, 32: 1, 64: 2, 128: 1}}
 FORCE_CONFIG: dict = {}  # kind -> (BT, num_warps, num_stages); used to pre-compile configurations
 _CHOSEN: dict = {}
 
@@ -676,7 +497,7 @@ def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch, 
     timed, last = [], None
     cfgs = _GPU_CONFIGS[kind][D]
     if key[2] == torch.float32:  # float32 (tests, not speed): configurations that fit
-        cfgs = _FLOAT32_CONFIGS.get((kind, D)) or list(dict.fromkeys((c[0], c[1], 1) + c[3:] for c in cfgs))
+        cfgs = _FLOAT32_CONFIGS.get((kind, D)) or list(dict.fromkeys((c[0], c[1], 1) for c in cfgs))
     for cfg in cfgs:
         try:
             result = launch(*cfg)
@@ -710,7 +531,7 @@ def _launch_opts(num_warps, num_stages):
 
 
 def _num_groups(N: int, BH: int, device: torch.device, num_warps=None) -> int:
-    """Programs per (batch, head) in the backward, each owning every NG-th query block (pair).
+    """Programs per (batch, head) in the backward, each owning every NG-th query block.
 
     The backward's programs use all registers: one of 8 warps (two of 4) fills an SM. NG is
     the count, at most MAX_GROUPS, whose programs fill the last wave of SMs best, the smaller
@@ -881,24 +702,16 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
     prec = _prec(q.dtype, dev)
     delta_t = (grad_out.transpose(1, 2).float() * O.float()).sum(-1)  # [B, H, T]; O is [B, H, T, D]
 
-    def launch(BT, num_warps, num_stages, pair=None):
-        if pair is None:  # the interpreter: by head size, so that tests cover both kernels
-            pair = D <= PAIR_MAX_D
+    def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
-        if pair:
-            N += N % 2  # whole pairs of query blocks
         Tp = N * BT
         pad = (0, Tp - T)
         Gf = _gate_cumsum(log_fgate, Tp)
         f32 = dict(dtype=torch.float32, device=dev)
-        # the blocks' inverses: the forward's when its blocks were these (an extra block of
-        # padding has X = I), else solved again here
+        # the blocks' inverses: the forward's when its blocks were these, else solved again here
         XB, solved = None, False
-        if has_hh and X is not None and X.shape[-1] == BT and N - X.shape[2] in (0, 1):
+        if has_hh and X is not None and X.shape[-1] == BT and X.shape[2] == N:
             XB, solved = X, True
-            if X.shape[2] < N:
-                eye = torch.eye(BT, **f32).expand(B, H, 1, BT, BT)
-                XB = torch.cat([X, eye], dim=2)
         elif has_hh:
             XB = torch.empty(B, H, N, BT, BT, **f32)
         Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D),
@@ -906,17 +719,17 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
         dO = _to_blocks(grad_out, Tp, sd).contiguous()
         delta = torch.nn.functional.pad(delta_t, pad).contiguous()
         lse = torch.nn.functional.pad(LSE, pad).contiguous()
-        NG = _num_groups(N // 2 if pair else N, B * H, dev, num_warps)
+        NG = _num_groups(N, B * H, dev, num_warps)
         dummy = _dummy(dev)
         dQt = torch.empty(B, H, Tp, D, **f32)
         dKp = torch.zeros(B, H, NG, Tp, D, **f32)
         dVp = torch.zeros(B, H, NG, Tp, D, **f32)
         dSI = SI  # the intra-block logits' gradient overwrites them
         dPp = torch.zeros(B, H, NG, N, D, D, **f32) if has_hh else dummy
-        RS = torch.empty(B, H, NG, 2 if pair else 1, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
+        RS = torch.empty(B, H, NG, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
         dGrow = torch.empty(B, H, Tp, **f32) if has_gate else dummy
         dGcolp = torch.zeros(B, H, NG, Tp, **f32) if has_gate else dummy
-        _kernels()[4 if pair else 1][(NG, B * H)](
+        _kernels()[1][(NG, B * H)](
             Qt, Kt, _to_blocks(v, Tp, sd).contiguous(),
             Mb if has_hh else dummy, Gf if has_gate else dummy,
             SI, lse, dO, delta,

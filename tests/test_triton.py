@@ -115,16 +115,13 @@ def test_gpu_block_size_and_several_backward_programs(monkeypatch):
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
-def test_one_block_backward_kernel_at_small_head_sizes(monkeypatch):
-    """Up to D=64 the interpreter takes the two-block backward kernel; here the one-block one."""
+def test_backward_solving_the_block_inverses_again(monkeypatch):
+    """Without the forward's block inverses the backward's preprocessing solves them again."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "PAIR_MAX_D", 0)
-    check_against_reference(make_inputs(2, 37, 2, 16, True, True))
-    check_against_reference(make_inputs(1, 40, 1, 32, False, True))
-    # and the backward solving the blocks' inverses again (the forward not keeping them)
     monkeypatch.setattr(tp, "KEEP_INVERSES", False)
     check_against_reference(make_inputs(1, 37, 2, 32, True, True))
+    check_against_reference(make_inputs(2, 40, 1, 16, True, False))
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU configurations")
