@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 
 from pathbench import UserError
 from pathbench.models.attention import ATTENTIONS
+from pathbench.settings import coerce
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,7 +40,9 @@ def model_config(values: dict) -> ModelConfig:
         )
     if "vocab_size" not in values:
         raise UserError("model config needs 'vocab_size'")
-    converted = {key: _convert(key, value) for key, value in values.items()}
+    hints = typing.get_type_hints(ModelConfig)
+    converted = {key: coerce(f"model config {key!r}", value, hints[key])
+                 for key, value in values.items()}
     config = ModelConfig(**converted)
 
     attentions = ATTENTIONS.names()
@@ -64,19 +68,3 @@ def model_config(values: dict) -> ModelConfig:
     if not 0.0 < config.beta_max <= 2.0:
         raise UserError(f"model config 'beta_max' must be in (0, 2], got {config.beta_max}")
     return config
-
-
-def _convert(key: str, value):
-    kind = FIELDS[key].type  # "int", "float" or "str" (annotations are strings here)
-    target = {"int": int, "float": float, "str": str}[kind]
-    problem = UserError(f"model config {key!r} must be of type {kind}, got {value!r}")
-    if isinstance(value, float) and target is int:
-        if not value.is_integer():
-            raise problem
-        value = int(value)
-    if isinstance(value, bool) or (target is str and not isinstance(value, str)):
-        raise problem
-    try:
-        return target(value)
-    except (TypeError, ValueError):
-        raise problem from None

@@ -4,7 +4,9 @@ Synthetic expressivity benchmarks for position encodings in attention, built aro
 (data-dependent position encoding by accumulated Householder transformations). The code lives
 in four subpackages: ``pathbench.tasks`` (data), ``pathbench.models`` (transformers),
 ``pathbench.kernels`` (attention functions) and ``pathbench.runners`` (training, sweeps,
-results, plots, the command line).
+results, plots, the command line). This core holds what they share: ``UserError``,
+``pathbench.registry`` (names to classes, extended by entry points) and ``pathbench.settings``
+(how a setting's value is read as its declared type).
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -32,6 +32,7 @@ from typing import Iterable
 
 from pathbench import UserError
 from pathbench.runners.store import config_digest
+from pathbench.settings import coerce
 
 SECTIONS = ("task", "model", "train")
 PRESETS = ("paper", "cpu")
@@ -80,33 +81,10 @@ def train_config(values: dict) -> TrainConfig:
             raise UserError(
                 f"unknown train setting {key!r}; valid settings: {', '.join(hints)}"
             )
-        typed[key] = coerce(value, hints[key], f"train.{key}")
+        typed[key] = coerce(f"train.{key}", value, hints[key])
     config = TrainConfig(**typed)
     _check_train(config)
     return config
-
-
-def coerce(value, annotation, name: str):
-    """A command-line string or a TOML value as the number type that a TrainConfig field
-    declares (``int``, ``float``, or either one or None)."""
-    types = typing.get_args(annotation) or (annotation,)
-    number_type = next(t for t in types if t is not type(None))
-    expected = number_type.__name__ + (" or none" if type(None) in types else "")
-    if isinstance(value, str) and value.strip().lower() in ("none", "null"):
-        value = None
-    if value is None:
-        if type(None) in types:
-            return None
-        raise UserError(f"{name} expects {expected}, got none")
-    if isinstance(value, str):
-        try:
-            return number_type(value.strip())
-        except ValueError:
-            raise UserError(f"{name} expects {expected}, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            number_type is int and not isinstance(value, int)):
-        raise UserError(f"{name} expects {expected}, got {value!r}")
-    return number_type(value)
 
 
 # --- option parsing -------------------------------------------------------------------------

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import types
 import typing
 import zlib
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import numpy as np
 
 from pathbench import UserError
 from pathbench.registry import Registry
+from pathbench.settings import coerce
 
 TASKS = Registry("task", "pathbench.tasks")
 
@@ -174,7 +174,7 @@ def resolve_config(config_class: type, overrides: dict[str, Any], owner: str):
 
 
 def _checked_value(key: str, value: Any, annotation: Any, rules: dict[str, Any]) -> Any:
-    value = _coerce(key, value, annotation)
+    value = coerce(repr(key), value, annotation)
     if value is None:
         return value
     choices, minimum, maximum = rules.get("choices"), rules.get("minimum"), rules.get("maximum")
@@ -187,46 +187,3 @@ def _checked_value(key: str, value: Any, annotation: Any, rules: dict[str, Any])
     if maximum is not None and value > maximum:
         raise UserError(f"invalid value {value!r} for {key!r}; it must be <= {maximum}")
     return value
-
-
-_TRUE, _FALSE, _NONE = ("true", "yes", "1"), ("false", "no", "0"), ("none", "null")
-
-
-def _coerce(key: str, value: Any, annotation: Any) -> Any:
-    """``value`` as the annotated type; strings (from the command line) are parsed."""
-    allowed = [annotation]
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        allowed = list(typing.get_args(annotation))
-    optional = type(None) in allowed
-    target = next(t for t in allowed if t is not type(None))
-    if value is None or (optional and isinstance(value, str) and value.strip().lower() in _NONE):
-        if optional:
-            return None
-        raise UserError(f"invalid value None for {key!r}; expected {target.__name__}")
-    text = value.strip() if isinstance(value, str) else None
-    try:
-        if target is bool:
-            if isinstance(value, bool):
-                return value
-            if text is not None and text.lower() in _TRUE + _FALSE:
-                return text.lower() in _TRUE
-        elif target is int:
-            if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-                return int(value)
-            if text is not None:
-                return int(text)
-        elif target is float:
-            number = None
-            if isinstance(value, (int, float, np.integer, np.floating)):
-                number = None if isinstance(value, bool) else float(value)
-            elif text is not None:
-                number = float(text)
-            if number is not None and np.isfinite(number):
-                return number
-        elif target is str:
-            if isinstance(value, str):
-                return value
-    except ValueError:
-        pass
-    expected = target.__name__ + (" or none" if optional else "")
-    raise UserError(f"invalid value {value!r} for {key!r}; expected {expected}")

@@ -147,7 +147,7 @@ def test_choices_booleans_and_optional_values():
     assert (config.mode, config.verbose, config.limit) == ("exact", True, 3)
     with pytest.raises(UserError, match="'mode'; valid values: fast, exact"):
         resolve_config(ExampleConfig, {"mode": "slow"}, "x")
-    with pytest.raises(UserError, match="'verbose'; expected bool"):
+    with pytest.raises(UserError, match="x: 'verbose' expects bool, got 'maybe'"):
         resolve_config(ExampleConfig, {"verbose": "maybe"}, "x")
     with pytest.raises(UserError, match="'limit'; it must be <= 10"):
         resolve_config(ExampleConfig, {"limit": 11}, "x")
