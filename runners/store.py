@@ -111,11 +111,12 @@ def read_result(run_dir: Path) -> dict:
 
 
 def is_done(run_dir: Path) -> bool:
-    """True if the run finished (with any status); raises CorruptRecord for a damaged result."""
+    """True if the run finished with an outcome of training ("ok" or "diverged"); a run without
+    result.json, or one that failed (crashed), is still to do. Raises CorruptRecord for a
+    damaged result."""
     if not (Path(run_dir) / RESULT_FILE).exists():
         return False
-    read_result(run_dir)
-    return True
+    return read_result(run_dir)["status"] != "failed"
 
 
 def set_aside_corrupt(run_dir: Path) -> Path:

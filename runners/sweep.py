@@ -372,15 +372,17 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
     planned = [(grid, grid.configs(device)) for grid in grids]
     total = sum(len(configs) for _, configs in planned)
     counts: Counter = Counter()
+    done: set[str] = set()
     for grid, configs in planned:
-        done = [config for config in configs if _is_done(out / run_id(config))]
-        counts["already done"] += len(done)
-        click.echo(f"sweep {grid.task}: {len(configs)} runs, {len(done)} already done", err=True)
+        done_here = {run_id(config) for config in configs if _is_done(out / run_id(config))}
+        done |= done_here
+        counts["already done"] += len(done_here)
+        click.echo(f"sweep {grid.task}: {len(configs)} runs, {len(done_here)} already done",
+                   err=True)
     if dry_run:
         for _, configs in planned:
             for config in configs:
-                mark = "done" if _is_done(out / run_id(config)) else "todo"
-                click.echo(f"{mark}  {run_id(config)}")
+                click.echo(f"{'done' if run_id(config) in done else 'todo'}  {run_id(config)}")
         return counts
 
     bar = tqdm(total=total, initial=counts["already done"], desc="sweep", unit="run",
@@ -443,9 +445,9 @@ def run_cost(config: dict) -> int:
 
 
 def _is_done(run_dir: Path) -> bool:
-    """Finished with an outcome of training ("ok" or "diverged"); a failed run is redone."""
+    """store.is_done, with a corrupt record set aside (and the run redone)."""
     try:
-        return store.is_done(run_dir) and store.read_result(run_dir)["status"] != "failed"
+        return store.is_done(run_dir)
     except store.CorruptRecord as exc:
         aside = store.set_aside_corrupt(run_dir)
         tqdm.write(f"{exc}\n  moved to {aside}; that run is redone", file=sys.stderr)
@@ -467,7 +469,7 @@ def _waves(grid: Grid, configs: list[dict], out: Path):
         at_depth = [config for config in configs if config["model"]["layers"] == layers]
         wave = [config for config in at_depth if depth_free_cell(config) not in solved]
         dropped = [config for config in at_depth if depth_free_cell(config) in solved]
-        yield wave, sum(not (out / run_id(c) / store.RESULT_FILE).exists() for c in dropped)
+        yield wave, sum(not _is_done(out / run_id(c)) for c in dropped)
         solved |= solved_cells(load_frame(out, only={run_id(config) for config in wave}))
 
 
