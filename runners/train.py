@@ -171,18 +171,17 @@ class TrainStep:
             torch.cuda.current_stream(self.device).wait_stream(side)
             return loss
         # Capturing records the step without running it; the replay below runs it.
+        # Gradients are set to None (not zeroed) first, so that the captured backward allocates
+        # them in the graph's memory and every replay writes them afresh.
         self.graph_inputs, self.graph_targets = inputs.clone(), targets.clone()
-        self.optimizer.zero_grad(set_to_none=True)  # backward allocates .grad in the graph
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.graph_loss = self._step(self.graph_inputs, self.graph_targets,
-                                         zero_grad=False)
+            self.graph_loss = self._step(self.graph_inputs, self.graph_targets)
         self.graph.replay()
         return self.graph_loss.clone()
 
-    def _step(self, inputs, targets, zero_grad: bool = True) -> torch.Tensor:
-        if zero_grad:
-            self.optimizer.zero_grad(set_to_none=True)
+    def _step(self, inputs, targets) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
         with _autocast(self.device):
             logits = self.model(inputs)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
