@@ -4,8 +4,9 @@ Layout at the API: q, k, v, w are [B, T, H, D]; beta and log_fgate are [B, T, H]
 query i and key j <= i is scale * q_i^T H_i ... H_{j+1} k_j + (G_i - G_j) with
 H_t = I - beta_t w_t w_t^T and G = cumsum(log_fgate) (ATTENTION.md).
 
-Algorithm (blocks of BT tokens, ATTENTION.md "blockwise algorithm"). Four kernels, one launch
-each; everything accumulates in float32.
+Algorithm (blocks of BT tokens grouped in chunks of C blocks; ATTENTION.md "blockwise
+algorithm"). Six kernels, one launch each, and the chunk-level products in torch; everything
+accumulates in float32.
 
 1. Preprocessing (_prep_fwd_kernel, one program per (block, batch*head)). For the block's rows
    (local time order) with W [BT, D], b = beta, Q, K:
@@ -22,21 +23,35 @@ each; everything accumulates in float32.
             (float16 for 16-bit inputs, the precision of the carries' dots)
    Qt and Kt are stored in the data dtype. A dense M makes each carry one [BT, D] x [D, D]
    product instead of two [BT, BT, D] ones.
-2. Forward scan (_path_fwd_kernel, one program per (query block, batch*head)): online softmax
-   over S, then over the key blocks J from right to left with logits scale r Kt_J^T (+ gate);
-   after each key block the running queries are carried across it, r <- r M_J.
-3. Backward scan (_path_bwd_kernel): a program owns the query blocks I = g, g + NG, ... of a
-   head. Write r_{I,J} = Qt_I M_{I-1} ... M_{J+1} (the queries met by key block J). The program
-   replays the carry once (r_{I,J} for J descending, stored in a scratch it owns), then walks J
-   ascending with the adjoint dr (the gradient of the loss with respect to the queries after
-   crossing block J, from all key blocks < J):
-       dS = P o (dO V^T - delta),   dV_J += P^T dO,   dKt_J += scale dS^T r_{I,J}
-       dM_J += r_{I,J}^T dr,        dr <- dr M_J^T + scale dS Kt_J,   finally dQt_I = dr
-   dV, dKt, dM_J and the gate's column sums go to float32 buffers
-   owned by the program (per group, never per pair of blocks) and are summed over the NG
-   groups in torch in a fixed order: gradients are bitwise reproducible, without atomics.
-   The intra-block dS is written per block.
-4. Preprocessing backward (_prep_bwd_kernel, one program per block), from dQt, dKt, dS (the
+2. Chunk edges (_chunk_edges, torch). Per chunk of blocks 0..C-1: the queries moved to the
+   chunk's start Qs_b = Qt_b M_{b-1} ... M_0, the keys moved to its end
+   Kc_b = Kt_b M_{b+1}^T ... M_{C-1}^T, and its product Mc = M_{C-1} ... M_0. With
+   r_{I,c} = Qs_I Mc_{c_I - 1} ... Mc_{c+1} (the queries of block I at the end of chunk c < c_I),
+   the logit of query block I and key block J in chunk c is scale r_{I,c} Kc_J^T: across chunks
+   queries are carried once a chunk, not once a block.
+3. Forward scan (_path_fwd_kernel, one program per (query block, batch*head)): online softmax
+   over S; over the earlier blocks of the own chunk, right to left, with logits scale r Kt_J^T
+   (+ gate) and r <- r M_J after each; then from r = Qs over the earlier chunks' blocks with
+   logits scale r Kc_J^T and r <- r Mc_c after each chunk.
+4. Backward, in three scans. Write dS = P o (dO V^T - delta) for a pair's logit gradient.
+   a. Within chunks (_bwd_within_kernel, one program per chunk, which owns the chunk's sums):
+      for each query block I, replay r_{I,J} = Qt_I M_{I-1} ... M_{J+1} for the chunk's J < I
+      (stored in a scratch), then walk J ascending with the adjoint dr (the gradient of the
+      loss with respect to the queries after crossing block J, from key blocks < J):
+          dV_J += P^T dO,   dKt_J += scale dS^T r_{I,J},
+          dM_J += r_{I,J}^T dr,   dr <- dr M_J^T + scale dS Kt_J,   finally dQt_I = dr.
+      The intra-block dS is written per block.
+   b. Across chunks, queries first (_bwd_cross_q_kernel): the same walk one chunk at a time,
+      from Qs and Kc with Mc: dQs_I, and dMc_c += r_{I,c}^T dr per (query block, chunk).
+   c. Across chunks, keys first (_bwd_cross_kv_kernel): a program per key block J carries its
+      keys forward a chunk at a time, kf_{c+1} = kf_c Mc_c^T from kf = Kc_J (logits
+      scale Qs_I kf^T for query blocks I in chunk c), then walks the query blocks last to first
+      with the adjoint dkf <- dkf Mc_c at each chunk: dV_J and dKc_J stay in registers.
+   dQs, dKc and dMc go back through the chunk edges by autograd into dQt, dKt and dM. Partial
+   sums that several programs make (dMc; dV, dKt, dM within a chunk are owned by its program)
+   live in buffers per program and are summed in torch in a fixed order: gradients are bitwise
+   reproducible, without atomics.
+5. Preprocessing backward (_prep_bwd_kernel, one program per block), from dQt, dKt, dS (the
    intra-block logits' gradient, written over the logits) and dM, with the block inverse X
    that the forward kept (or, without it, the backward's preprocessing stored). With ds = scale dS:
        dQ = dQt + ds K,  dK = dKt + ds^T Q
@@ -49,11 +64,11 @@ each; everything accumulates in float32.
        dL = strictly_lower(-X^T dX X^T) = strictly_lower(-(P1 E^T + P2 U^T + X^T W P3^T)):
        db += rowsum(dL o W W^T),  dW += diag(b) dL W + (diag(b) dL)^T W
        dQ += tril(dQW) W,  dK += strictly_lower(dWK)^T W,  dW += tril(dQW)^T Q + strictly_lower(dWK) K
-   The gate: dG_i = sum_j dS_ij - sum_j dS_ji over all blocks (rows from the scans, columns
-   from the group buffers), then dlog_fgate = reverse cumsum of dG.
+   The gate: dG_i = sum_j dS_ij - sum_j dS_ji over all pairs (rows and columns from the scans),
+   then dlog_fgate = reverse cumsum of dG.
 
-Memory beyond the inputs: O(T (BT + D)) per head plus the backward's NG group buffers
-(NG <= MAX_GROUPS); nothing O(T^2), nothing per pair of blocks.
+Memory beyond the inputs: O(T (BT + D) + (T / BT) D^2) per head, plus O(NG (T / (C BT)) D^2)
+for the programs of the cross-chunk scans (NG <= MAX_GROUPS); nothing O(T^2).
 """
 
 from __future__ import annotations
@@ -84,20 +99,47 @@ _KERNELS = None
 
 def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
-    global _KERNELS
+    global _KERNELS, _carry, _attend  # helpers are module globals: kernels look names up there
     if _KERNELS is not None:
         return _KERNELS
 
-    @triton.jit(do_not_specialize=["N"])
+    @triton.jit
+    def _carry(x, mat, cols, D: tl.constexpr, TRANSPOSE: tl.constexpr, HH16: tl.constexpr, PREC: tl.constexpr):
+        """x M (or x M^T) for the D x D matrix M at mat: rows carried across a block or chunk."""
+        m = tl.load(mat + cols[:, None] * D + cols[None, :])
+        if TRANSPOSE:
+            m = tl.trans(m)
+        if HH16:
+            # 16-bit inputs: float16 operands (tf32's mantissa, twice its rate), float32 sums
+            return tl.dot(x.to(tl.float16), m.to(tl.float16))
+        return tl.dot(x, m.to(tl.float32), input_precision=PREC)
+
+    @triton.jit
+    def _attend(r, kt, v, m, l, acc, gq, gk, scale, HAS_GATE: tl.constexpr, PREC: tl.constexpr):
+        """One key block of the online softmax for queries r: the updated (m, l, acc)."""
+        DT = kt.dtype
+        s = tl.dot(r.to(DT), tl.trans(kt), input_precision=PREC) * scale
+        if HAS_GATE:
+            s += gq[:, None] - gk[None, :]
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DT), v, input_precision=PREC)
+        return m_new, l, acc
+
+    @triton.jit(do_not_specialize=["N", "C"])
     def _path_fwd_kernel(
-        QT, KT, V, MB, G, SI, O, LSE,
-        N, scale,
+        QT, QS, KT, KC, V, MB, MC, G, SI, O, LSE,
+        N, C, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
         ib = N - 1 - tl.program_id(0)  # the longest rows are launched first
         bh = tl.program_id(1).to(tl.int64)
         Tp = N * BT
+        NC = (N + C - 1) // C
+        first = (ib // C) * C  # the first block of the query block's chunk
         rows = tl.arange(0, BT)
         cols = tl.arange(0, D)
         base = bh * Tp * D
@@ -111,69 +153,65 @@ def _kernels():
         p = tl.exp(s - m[:, None])
         l = tl.sum(p, 1)
         DT = KT.dtype.element_ty  # storage / data-dot dtype: float32, or q's 16-bit dtype
-        v = tl.load(V + tile_i)
-        acc = tl.dot(p.to(DT), v, input_precision=PREC)
-
-        r = tl.load(QT + tile_i).to(tl.float32)
+        acc = tl.dot(p.to(DT), tl.load(V + tile_i), input_precision=PREC)
+        gq = tl.zeros([BT], dtype=tl.float32)
         if HAS_GATE:
             gq = tl.load(G + bh * Tp + offs_i)
-        for jj in range(0, ib):
+
+        # earlier blocks of the same chunk: queries carried one block at a time
+        r = tl.load(QT + tile_i).to(tl.float32)
+        for jj in range(0, ib - first):
             jb = ib - 1 - jj
             offs_j = jb * BT + rows
             tile_j = base + offs_j[:, None] * D + cols[None, :]
-            kt = tl.load(KT + tile_j)
-            s = tl.dot(r.to(DT), tl.trans(kt), input_precision=PREC) * scale
-            if HAS_GATE:
-                gk = tl.load(G + bh * Tp + offs_j)
-                s += gq[:, None] - gk[None, :]
-            m_new = tl.maximum(m, tl.max(s, 1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, 1)
-            v = tl.load(V + tile_j)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DT), v, input_precision=PREC)
-            m = m_new
+            gk = tl.load(G + bh * Tp + offs_j) if HAS_GATE else gq
+            m, l, acc = _attend(r, tl.load(KT + tile_j), tl.load(V + tile_j), m, l, acc, gq, gk, scale,
+                                HAS_GATE, PREC)
             if HAS_HH:
-                mj = tl.load(MB + (bh * N + jb) * D * D + cols[:, None] * D + cols[None, :])
-                if HH16:
-                    # 16-bit inputs: the carry's dots take float16 operands (tf32's mantissa,
-                    # twice its rate); W and U stay float32 in memory, r accumulates in float32
-                    r = tl.dot(r.to(tl.float16), mj.to(tl.float16))
-                else:
-                    r = tl.dot(r, mj, input_precision=PREC)
+                r = _carry(r, MB + (bh * N + jb) * D * D, cols, D, False, HH16, PREC)
+
+        # earlier chunks: keys moved to their chunk's end, queries carried a chunk at a time
+        if HAS_HH:
+            r = tl.load(QS + tile_i).to(tl.float32)  # the queries at their chunk's start
+        for jj in range(0, first):
+            jb = first - 1 - jj
+            offs_j = jb * BT + rows
+            tile_j = base + offs_j[:, None] * D + cols[None, :]
+            gk = tl.load(G + bh * Tp + offs_j) if HAS_GATE else gq
+            m, l, acc = _attend(r, tl.load(KC + tile_j), tl.load(V + tile_j), m, l, acc, gq, gk, scale,
+                                HAS_GATE, PREC)
+            if HAS_HH:
+                if (jb % C == 0) & (jb > 0):
+                    r = _carry(r, MC + (bh * NC + jb // C) * D * D, cols, D, False, HH16, PREC)
         o = acc / l[:, None]
         tl.store(O + tile_i, o.to(O.dtype.element_ty))
         tl.store(LSE + bh * Tp + offs_i, m + tl.log(l))
 
-    @triton.jit(do_not_specialize=["N", "NG"])
-    def _path_bwd_kernel(
+    @triton.jit(do_not_specialize=["N", "C"])
+    def _bwd_within_kernel(
         QT, KT, V, MB, G, SI, LSE, DO, DELTA,
-        DQT, DKP, DVP, DPP, DGROW, DGCOLP, DSI, RS,
-        N, NG, scale,
+        DQT, DKT, DV, DM, DGROW, DGCOL, DSI, RS,
+        N, C, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
-        g = tl.program_id(0)
+        first = tl.program_id(0) * C  # this program's chunk: blocks first .. first + C - 1
         bh = tl.program_id(1).to(tl.int64)
         Tp = N * BT
         rows = tl.arange(0, BT)
         cols = tl.arange(0, D)
         base = bh * Tp * D
-        own = bh * NG + g  # this program's slot in the partial buffers
-        pbase = own * Tp * D
-        gbase = own * Tp
-        dpbase = own * N * D * D
         DS: tl.constexpr = 64 if D > 64 else D
         slab = tl.arange(0, DS)
         causal = rows[None, :] <= rows[:, None]
 
         DT = KT.dtype.element_ty  # storage / data-dot dtype: float32, or q's 16-bit dtype
-        for ib in range(g, N, NG):
-            # the previous query block's reads of RS and the partial buffers are done
+        for ib in range(first, tl.minimum(first + C, N)):
+            # the previous query block's reads of RS and the chunk's sums are done
             tl.debug_barrier()
             offs_i = ib * BT + rows
-            tile_i = offs_i[:, None] * D + cols[None, :]
-            do = tl.load(DO + base + tile_i)
+            tile_i = base + offs_i[:, None] * D + cols[None, :]
+            do = tl.load(DO + tile_i)
             delta = tl.load(DELTA + bh * Tp + offs_i)
             lse = tl.load(LSE + bh * Tp + offs_i)
 
@@ -181,75 +219,204 @@ def _kernels():
             si_ptr = (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :]
             s = tl.load(SI + si_ptr)
             p = tl.where(causal, tl.exp(s - lse[:, None]), 0.0)
-            v = tl.load(V + base + tile_i)
+            v = tl.load(V + tile_i)
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
             ds = p * (dp - delta[:, None])
             tl.debug_barrier()  # DSI may be SI itself: every thread has read its logits
             tl.store(DSI + si_ptr, ds)
-            dv_ptr = DVP + pbase + tile_i
-            tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
+            tl.store(DV + tile_i, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(DV + tile_i), input_precision=PREC))
 
-            qt = tl.load(QT + base + tile_i).to(tl.float32)
+            qt = tl.load(QT + tile_i).to(tl.float32)
             r = qt
             if HAS_HH:
-                # replay the forward carry of the queries, keeping each position
-                for jj in range(0, ib):
+                # replay the forward carry of the queries within the chunk, keeping each position
+                for jj in range(0, ib - first):
                     jb = ib - 1 - jj
-                    tile_j = (jb * BT + rows)[:, None] * D + cols[None, :]
-                    tl.store(RS + pbase + tile_j, r.to(RS.dtype.element_ty))
-                    mj = tl.load(MB + (bh * N + jb) * D * D + cols[:, None] * D + cols[None, :])
-                    if HH16:  # as in the forward: float16 operands, float32 accumulation
-                        r = tl.dot(r.to(tl.float16), mj.to(tl.float16))
-                    else:
-                        r = tl.dot(r, mj, input_precision=PREC)
+                    tl.store(RS + base + (jb * BT + rows)[:, None] * D + cols[None, :], r.to(RS.dtype.element_ty))
+                    r = _carry(r, MB + (bh * N + jb) * D * D, cols, D, False, HH16, PREC)
                 # RS is read back below in another register layout, i.e. by other threads
                 tl.debug_barrier()
+            gq = tl.zeros([BT], dtype=tl.float32)
             if HAS_GATE:
                 gq = tl.load(G + bh * Tp + offs_i)
-                dg_row = tl.zeros([BT], dtype=tl.float32)
+            dg_row = tl.zeros([BT], dtype=tl.float32)
             dr = tl.zeros([BT, D], dtype=tl.float32)
-            for jb in range(0, ib):
+            for jb in range(first, ib):
                 offs_j = jb * BT + rows
-                tile_j = offs_j[:, None] * D + cols[None, :]
+                tile_j = base + offs_j[:, None] * D + cols[None, :]
                 if HAS_HH:
-                    r = tl.load(RS + pbase + tile_j).to(tl.float32)
-                else:
-                    r = qt
-                kt = tl.load(KT + base + tile_j)
+                    r = tl.load(RS + tile_j).to(tl.float32)
+                kt = tl.load(KT + tile_j)
                 rb = r.to(DT)
                 s = tl.dot(rb, tl.trans(kt), input_precision=PREC) * scale
                 if HAS_GATE:
-                    gk = tl.load(G + bh * Tp + offs_j)
-                    s += gq[:, None] - gk[None, :]
+                    s += gq[:, None] - tl.load(G + bh * Tp + offs_j)[None, :]
                 p = tl.exp(s - lse[:, None])
-                v = tl.load(V + base + tile_j)
-                dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+                dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
                 dsb = (ds * scale).to(DT)
-                dv_ptr = DVP + pbase + tile_j
-                tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
-                dk_ptr = DKP + pbase + tile_j
-                tl.store(dk_ptr, tl.dot(tl.trans(dsb), rb, acc=tl.load(dk_ptr), input_precision=PREC))
+                tl.store(DV + tile_j, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(DV + tile_j), input_precision=PREC))
+                tl.store(DKT + tile_j, tl.dot(tl.trans(dsb), rb, acc=tl.load(DKT + tile_j), input_precision=PREC))
                 if HAS_GATE:
                     dg_row += tl.sum(ds, 1)
-                    dgc = tl.load(DGCOLP + gbase + offs_j)
-                    tl.store(DGCOLP + gbase + offs_j, dgc - tl.sum(ds, 0))
+                    tl.store(DGCOL + bh * Tp + offs_j, tl.load(DGCOL + bh * Tp + offs_j) - tl.sum(ds, 0))
                 if HAS_HH:
-                    # dr is dL/d(queries before block jb); carry it back across the block
-                    # dL/dP_jb += r^T dr, in row slabs of at most 64 (smaller layout conversions)
+                    # dr is dL/d(queries before block jb); carry it back across the block.
+                    # dL/dM_jb += r^T dr, in row slabs of at most 64 (smaller layout conversions)
                     for sl in tl.static_range(D // DS):
                         if D > DS:
-                            rs = tl.load(RS + pbase + offs_j[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
+                            rs = tl.load(RS + base + offs_j[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
                         else:
                             rs = r
-                        dp_ptr = DPP + dpbase + jb * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
-                        tl.store(dp_ptr, tl.dot(tl.trans(rs), dr, acc=tl.load(dp_ptr), input_precision=PREC))
-                    mj = tl.load(MB + (bh * N + jb) * D * D + cols[:, None] * D + cols[None, :])
-                    dr = tl.dot(dr, tl.trans(mj.to(tl.float32)), input_precision=PREC)
+                        dm_ptr = DM + (bh * N + jb) * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
+                        tl.store(dm_ptr, tl.dot(tl.trans(rs), dr, acc=tl.load(dm_ptr), input_precision=PREC))
+                    dr = _carry(dr, MB + (bh * N + jb) * D * D, cols, D, True, False, PREC)
                 dr = tl.dot(dsb, kt, acc=dr, input_precision=PREC)
-            tl.store(DQT + base + tile_i, dr)
+            tl.store(DQT + tile_i, dr)
+            tl.store(DGROW + bh * Tp + offs_i, dg_row)
+
+    @triton.jit(do_not_specialize=["N", "C", "NG"])
+    def _bwd_cross_q_kernel(
+        QS, KC, V, MC, G, LSE, DO, DELTA,
+        DQS, DMCP, DGROW, RS,
+        N, C, NG, scale,
+        D: tl.constexpr, BT: tl.constexpr,
+        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
+    ):
+        # A program owns the query blocks C + g, C + g + NG, ... (those with earlier chunks).
+        g = tl.program_id(0)
+        bh = tl.program_id(1).to(tl.int64)
+        Tp = N * BT
+        NC = (N + C - 1) // C
+        rows = tl.arange(0, BT)
+        cols = tl.arange(0, D)
+        base = bh * Tp * D
+        own = bh * NG + g  # this program's slot in the scratch and the partial sums
+        DS: tl.constexpr = 64 if D > 64 else D
+        slab = tl.arange(0, DS)
+
+        DT = KC.dtype.element_ty
+        for ib in range(C + g, N, NG):
+            tl.debug_barrier()  # the previous query block's reads of RS are done
+            first = (ib // C) * C
+            offs_i = ib * BT + rows
+            tile_i = base + offs_i[:, None] * D + cols[None, :]
+            do = tl.load(DO + tile_i)
+            delta = tl.load(DELTA + bh * Tp + offs_i)
+            lse = tl.load(LSE + bh * Tp + offs_i)
+            qs = tl.load(QS + tile_i).to(tl.float32)
+            r = qs
+            if HAS_HH:
+                # replay the chunk-level carry of the queries, keeping them at each chunk's end
+                for cc in range(0, ib // C):
+                    c = ib // C - 1 - cc
+                    tl.store(RS + (own * NC + c) * BT * D + rows[:, None] * D + cols[None, :], r.to(RS.dtype.element_ty))
+                    if c > 0:
+                        r = _carry(r, MC + (bh * NC + c) * D * D, cols, D, False, HH16, PREC)
+                tl.debug_barrier()
+            gq = tl.zeros([BT], dtype=tl.float32)
             if HAS_GATE:
-                tl.store(DGROW + bh * Tp + offs_i, dg_row)
+                gq = tl.load(G + bh * Tp + offs_i)
+            dg_row = tl.zeros([BT], dtype=tl.float32)
+            dr = tl.zeros([BT, D], dtype=tl.float32)
+            for jb in range(0, first):
+                offs_j = jb * BT + rows
+                tile_j = base + offs_j[:, None] * D + cols[None, :]
+                c = jb // C
+                if HAS_HH:
+                    if jb == c * C:
+                        # entering chunk c: dr is dL/d(queries before it); carry dr across it
+                        rs_c = RS + (own * NC + c) * BT * D
+                        r = tl.load(rs_c + rows[:, None] * D + cols[None, :]).to(tl.float32)
+                        if c > 0:
+                            for sl in tl.static_range(D // DS):
+                                if D > DS:
+                                    rsl = tl.load(rs_c + rows[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
+                                else:
+                                    rsl = r
+                                dm_ptr = DMCP + (own * NC + c) * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
+                                tl.store(dm_ptr, tl.dot(tl.trans(rsl), dr, acc=tl.load(dm_ptr), input_precision=PREC))
+                            dr = _carry(dr, MC + (bh * NC + c) * D * D, cols, D, True, False, PREC)
+                kc = tl.load(KC + tile_j)
+                s = tl.dot(r.to(DT), tl.trans(kc), input_precision=PREC) * scale
+                if HAS_GATE:
+                    s += gq[:, None] - tl.load(G + bh * Tp + offs_j)[None, :]
+                p = tl.exp(s - lse[:, None])
+                dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
+                ds = p * (dp - delta[:, None])
+                dr = tl.dot((ds * scale).to(DT), kc, acc=dr, input_precision=PREC)
+                if HAS_GATE:
+                    dg_row += tl.sum(ds, 1)
+            tl.store(DQS + tile_i, dr)
+            if HAS_GATE:
+                tl.store(DGROW + bh * Tp + offs_i, tl.load(DGROW + bh * Tp + offs_i) + dg_row)
+
+    @triton.jit(do_not_specialize=["N", "C", "NG"])
+    def _bwd_cross_kv_kernel(
+        QS, KC, V, MC, G, LSE, DO, DELTA,
+        DKC, DV, DGCOL, KS,
+        N, C, NG, scale,
+        D: tl.constexpr, BT: tl.constexpr,
+        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
+    ):
+        # A program owns the key blocks g, g + NG, ... (those with later chunks).
+        g = tl.program_id(0)
+        bh = tl.program_id(1).to(tl.int64)
+        Tp = N * BT
+        NC = (N + C - 1) // C
+        rows = tl.arange(0, BT)
+        cols = tl.arange(0, D)
+        base = bh * Tp * D
+        own = bh * NG + g
+
+        DT = KC.dtype.element_ty
+        for jb in range(g, (NC - 1) * C, NG):
+            tl.debug_barrier()  # the previous key block's reads of KS are done
+            offs_j = jb * BT + rows
+            tile_j = base + offs_j[:, None] * D + cols[None, :]
+            kf = tl.load(KC + tile_j)
+            if HAS_HH:
+                # the keys carried forward a chunk at a time, kept at each later chunk's start
+                kc = kf.to(tl.float32)
+                for c in range(jb // C + 1, NC):
+                    tl.store(KS + (own * NC + c) * BT * D + rows[:, None] * D + cols[None, :], kc.to(KS.dtype.element_ty))
+                    if c < NC - 1:
+                        kc = _carry(kc, MC + (bh * NC + c) * D * D, cols, D, True, HH16, PREC)
+                tl.debug_barrier()
+            v = tl.load(V + tile_j)
+            gk = tl.zeros([BT], dtype=tl.float32)
+            if HAS_GATE:
+                gk = tl.load(G + bh * Tp + offs_j)
+            dkf = tl.zeros([BT, D], dtype=tl.float32)  # dL/d(the carried keys)
+            dv = tl.zeros([BT, D], dtype=tl.float32)
+            dg_col = tl.zeros([BT], dtype=tl.float32)
+            for ii in range(0, N - (jb // C + 1) * C):  # later query blocks, last first
+                ib = N - 1 - ii
+                c = ib // C
+                if HAS_HH:
+                    if ib == tl.minimum(c * C + C, N) - 1:
+                        # entering chunk c from its end: carry dkf back across it
+                        if c < NC - 1:
+                            dkf = _carry(dkf, MC + (bh * NC + c) * D * D, cols, D, False, False, PREC)
+                        kf = tl.load(KS + (own * NC + c) * BT * D + rows[:, None] * D + cols[None, :]).to(DT)
+                offs_i = ib * BT + rows
+                tile_i = base + offs_i[:, None] * D + cols[None, :]
+                qs = tl.load(QS + tile_i)
+                s = tl.dot(qs, tl.trans(kf), input_precision=PREC) * scale
+                if HAS_GATE:
+                    s += tl.load(G + bh * Tp + offs_i)[:, None] - gk[None, :]
+                p = tl.exp(s - tl.load(LSE + bh * Tp + offs_i)[:, None])
+                do = tl.load(DO + tile_i)
+                dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+                ds = p * (dp - tl.load(DELTA + bh * Tp + offs_i)[:, None])
+                dv = tl.dot(tl.trans(p.to(DT)), do, acc=dv, input_precision=PREC)
+                dkf = tl.dot(tl.trans((ds * scale).to(DT)), qs, acc=dkf, input_precision=PREC)
+                if HAS_GATE:
+                    dg_col -= tl.sum(ds, 0)
+            tl.store(DKC + tile_j, dkf)
+            tl.store(DV + tile_j, tl.load(DV + tile_j) + dv)
+            if HAS_GATE:
+                tl.store(DGCOL + bh * Tp + offs_j, tl.load(DGCOL + bh * Tp + offs_j) + dg_col)
 
     @triton.jit(do_not_specialize=["T", "H", "N"])
     def _prep_fwd_kernel(
@@ -441,15 +608,19 @@ def _kernels():
         tl.store(DQ + src, dq, mask=m2)
         tl.store(DK + src, dk, mask=m2)
 
-    _KERNELS = (_path_fwd_kernel, _path_bwd_kernel, _prep_fwd_kernel, _prep_bwd_kernel)
+    _KERNELS = (_path_fwd_kernel, _bwd_within_kernel, _prep_fwd_kernel, _prep_bwd_kernel,
+                _bwd_cross_q_kernel, _bwd_cross_kv_kernel)
     return _KERNELS
 
 
 # Interpreter (CPU) settings: small blocks so short test sequences span several of them.
 # Tests change these to exercise the GPU's block size and several backward programs per head.
 INTERPRET_BLOCK = 16
+INTERPRET_CHUNK = 2
 INTERPRET_GROUPS = 1
 MAX_GROUPS = 8
+# tokens a chunk spans on the GPU: the carries across earlier chunks cost one product a chunk
+CHUNK_TOKENS = 512
 # keep the forward's block inverses (float32, BT per token and head) for the backward
 KEEP_INVERSES = True
 
@@ -531,12 +702,13 @@ def _launch_opts(num_warps, num_stages):
 
 
 def _num_groups(N: int, BH: int, device: torch.device, num_warps=None) -> int:
-    """Programs per (batch, head) in the backward, each owning every NG-th query block.
+    """Programs per (batch, head) in a cross-chunk backward scan, each owning every NG-th of
+    the N blocks it walks from.
 
     The backward's programs use all registers: one of 8 warps (two of 4) fills an SM. NG is
     the count, at most MAX_GROUPS, whose programs fill the last wave of SMs best, the smaller
-    on a tie: every group keeps float32 partial sums of dK, dV and dL/dP over the whole
-    sequence, so fewer groups also means less memory.
+    on a tie: every program keeps a scratch of its carried rows per chunk (and the query scan
+    float32 partial sums of dL/dMc), so fewer programs also means less memory.
     """
     if device.type != "cuda":
         return max(1, min(N, INTERPRET_GROUPS))
@@ -659,6 +831,51 @@ def _prep_opts(num_warps, BT, D):
     return {"num_warps": 8 if BT * D >= 4096 else 4, "num_stages": 1}
 
 
+def _chunk_blocks(N: int, BT: int, device: torch.device) -> int:
+    """Blocks per chunk: keys and queries cross whole chunks in one product each."""
+    if device.type != "cuda":
+        return INTERPRET_CHUNK
+    return max(1, min(N, CHUNK_TOKENS // BT))
+
+
+def _chunk_edges(Qt, Kt, Mb, C):
+    """Queries moved to their chunk's start, keys to their chunk's end, and each chunk's product.
+
+    With blocks b = 0..C-1 of a chunk (time order) and block products M_b:
+        Qs_b = Qt_b M_{b-1} ... M_0,   Kc_b = Kt_b M_{b+1}^T ... M_{C-1}^T,   Mc = M_{C-1} ... M_0.
+    Plain torch in float32 (O(T D^2) work, small beside the scans), differentiable: the
+    backward takes the gradients of the three through autograd. A last, partial chunk is
+    padded with identity blocks. Returns float32 Qs, Kc [B, H, Tp, D] and Mc [B, H, NC, D, D].
+    """
+    B, H, Tp, D = Qt.shape
+    N = Mb.shape[2]
+    BT = Tp // N
+    NC = -(-N // C)
+    pad = NC * C - N
+    q = Qt.float().reshape(B, H, N, BT, D)
+    k = Kt.float().reshape(B, H, N, BT, D)
+    m = Mb.float()
+    if pad:
+        zeros = q.new_zeros(B, H, pad, BT, D)
+        q, k = torch.cat([q, zeros], 2), torch.cat([k, zeros], 2)
+        m = torch.cat([m, torch.eye(D, dtype=m.dtype, device=m.device).expand(B, H, pad, D, D)], 2)
+    q = q.reshape(B, H, NC, C, BT, D)
+    k = k.reshape(B, H, NC, C, BT, D)
+    m = m.reshape(B, H, NC, C, D, D)
+    qs, before = [], None  # before: M_{b-1} ... M_0
+    for b in range(C):
+        qs.append(q[:, :, :, b] if before is None else q[:, :, :, b] @ before)
+        before = m[:, :, :, b] if before is None else m[:, :, :, b] @ before
+    kc, after = [None] * C, None  # after: M_{b+1}^T ... M_{C-1}^T
+    for b in reversed(range(C)):
+        kc[b] = k[:, :, :, b] if after is None else k[:, :, :, b] @ after
+        mt = m[:, :, :, b].transpose(-1, -2)
+        after = mt if after is None else mt @ after
+    Qs = torch.stack(qs, 3).reshape(B, H, NC * C * BT, D)[:, :, :Tp]
+    Kc = torch.stack(kc, 3).reshape(B, H, NC * C * BT, D)[:, :, :Tp]
+    return Qs, Kc, before
+
+
 def _forward(q, k, v, w, beta, log_fgate, scale, keep_x=False):
     """(O, LSE, X): X the blocks' inverses [B, H, N, BT, BT] for the backward, when keep_x."""
     B, T, H, D = q.shape
@@ -671,18 +888,23 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep_x=False):
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
         Tp = N * BT
+        C = _chunk_blocks(N, BT, dev)
         Gf = _gate_cumsum(log_fgate, Tp)
         XK = torch.empty(B, H, N, BT, BT, dtype=torch.float32, device=dev) if keep_x and has_hh else None
         Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D), XK)
+        Qs, Kc, Mc = Qt, Kt, None
+        if has_hh and N > C:
+            Qs, Kc, Mc = _chunk_edges(Qt, Kt, Mb, C)
+            Qs, Kc, Mc = Qs.to(sd).contiguous(), Kc.to(sd).contiguous(), Mc.to(Mb.dtype).contiguous()
         dummy = _dummy(dev)
         O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
         LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
         _kernels()[0][(N, B * H)](
-            Qt, Kt, _to_blocks(v, Tp, sd).contiguous(),
-            dummy if Mb is None else Mb,
+            Qt, Qs, Kt, Kc, _to_blocks(v, Tp, sd).contiguous(),
+            dummy if Mb is None else Mb, dummy if Mc is None else Mc,
             dummy if Gf is None else Gf,
             SI, O, LSE,
-            N, float(scale),
+            N, C, float(scale),
             D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
             PREC=prec, HH16=q.dtype != torch.float32, **_launch_opts(num_warps, num_stages),
         )
@@ -705,9 +927,13 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
         Tp = N * BT
+        C = _chunk_blocks(N, BT, dev)
+        NC = -(-N // C)
         pad = (0, Tp - T)
         Gf = _gate_cumsum(log_fgate, Tp)
         f32 = dict(dtype=torch.float32, device=dev)
+        opts = dict(D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, HH16=q.dtype != torch.float32,
+                    **_launch_opts(num_warps, num_stages))
         # the blocks' inverses: the forward's when its blocks were these, else solved again here
         XB, solved = None, False
         if has_hh and X is not None and X.shape[-1] == BT and X.shape[2] == N:
@@ -716,39 +942,73 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
             XB = torch.empty(B, H, N, BT, BT, **f32)
         Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D),
                                   None if solved else XB, XB if solved else None)
+        V = _to_blocks(v, Tp, sd).contiguous()
         dO = _to_blocks(grad_out, Tp, sd).contiguous()
         delta = torch.nn.functional.pad(delta_t, pad).contiguous()
         lse = torch.nn.functional.pad(LSE, pad).contiguous()
-        NG = _num_groups(N, B * H, dev, num_warps)
         dummy = _dummy(dev)
-        dQt = torch.empty(B, H, Tp, D, **f32)
-        dKp = torch.zeros(B, H, NG, Tp, D, **f32)
-        dVp = torch.zeros(B, H, NG, Tp, D, **f32)
-        dSI = SI  # the intra-block logits' gradient overwrites them
-        dPp = torch.zeros(B, H, NG, N, D, D, **f32) if has_hh else dummy
-        RS = torch.empty(B, H, NG, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
-        dGrow = torch.empty(B, H, Tp, **f32) if has_gate else dummy
-        dGcolp = torch.zeros(B, H, NG, Tp, **f32) if has_gate else dummy
-        _kernels()[1][(NG, B * H)](
-            Qt, Kt, _to_blocks(v, Tp, sd).contiguous(),
-            Mb if has_hh else dummy, Gf if has_gate else dummy,
-            SI, lse, dO, delta,
-            dQt, dKp, dVp, dPp, dGrow, dGcolp, dSI, RS,
-            N, NG, float(scale),
-            D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
-            PREC=prec, HH16=q.dtype != torch.float32, **_launch_opts(num_warps, num_stages),
-        )
-        del RS, Qt, Kt
-        # partial sums over the programs of a head, in a fixed order (none with one group)
-        def total(x):
-            return x[:, :, 0] if NG == 1 else x.sum(2)
+        G = Gf if has_gate else dummy
 
-        dKt = total(dKp)
-        del dKp
-        dv = total(dVp)[:, :, :T].transpose(1, 2)
-        del dVp
-        dP = total(dPp).contiguous() if has_hh else dummy  # dL/dP per block, [B, H, N, D, D]
-        del dPp
+        # 1. pairs of blocks within a chunk: one program per chunk, which owns the chunk's sums
+        dQt = torch.empty(B, H, Tp, D, **f32)
+        dKt = torch.zeros(B, H, Tp, D, **f32)
+        dV = torch.zeros(B, H, Tp, D, **f32)
+        dM = torch.zeros(B, H, N, D, D, **f32) if has_hh else dummy
+        dGrow = torch.empty(B, H, Tp, **f32)
+        dGcol = torch.zeros(B, H, Tp, **f32)
+        dSI = SI  # the intra-block logits' gradient overwrites them
+        RS = torch.empty(B, H, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
+        _kernels()[1][(NC, B * H)](
+            Qt, Kt, V, Mb if has_hh else dummy, G, SI, lse, dO, delta,
+            dQt, dKt, dV, dM, dGrow, dGcol, dSI, RS,
+            N, C, float(scale), **opts,
+        )
+        del RS
+
+        # 2. pairs across chunks: queries at their chunk's start, keys at their chunk's end
+        if N > C:
+            if has_hh:
+                with torch.enable_grad():
+                    edges_in = [x.detach().float().requires_grad_(True) for x in (Qt, Kt, Mb)]
+                    Qs32, Kc32, Mc32 = _chunk_edges(*edges_in, C)
+                Qs, Kc, Mc = Qs32.detach().to(sd).contiguous(), Kc32.detach().to(sd).contiguous(), \
+                    Mc32.detach().to(Mb.dtype).contiguous()
+            else:
+                Qs, Kc, Mc = Qt, Kt, dummy
+            # dQs and dL/dMc (queries first), NGq programs per head with their own partial sums
+            NGq = _num_groups(N - C, B * H, dev, num_warps)
+            dQs = torch.zeros(B, H, Tp, D, **f32)
+            dMcp = torch.zeros(B, H, NGq, NC, D, D, **f32) if has_hh else dummy
+            RSc = torch.empty(B, H, NGq, NC, BT, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
+            _kernels()[4][(NGq, B * H)](
+                Qs, Kc, V, Mc, G, lse, dO, delta,
+                dQs, dMcp, dGrow, RSc,
+                N, C, NGq, float(scale), **opts,
+            )
+            del RSc
+            # dKc and the rest of dV (keys first)
+            NGk = _num_groups((NC - 1) * C, B * H, dev, num_warps)
+            dKc = torch.zeros(B, H, Tp, D, **f32)
+            KS = torch.empty(B, H, NGk, NC, BT, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
+            _kernels()[5][(NGk, B * H)](
+                Qs, Kc, V, Mc, G, lse, dO, delta,
+                dKc, dV, dGcol, KS,
+                N, C, NGk, float(scale), **opts,
+            )
+            del KS
+            if has_hh:
+                dMc = dMcp[:, :, 0] if NGq == 1 else dMcp.sum(2)  # fixed order: reproducible
+                dQt_e, dKt_e, dM_e = torch.autograd.grad((Qs32, Kc32, Mc32), edges_in, (dQs, dKc, dMc))
+                dQt += dQt_e
+                dKt += dKt_e
+                dM += dM_e
+            else:
+                dQt += dQs
+                dKt += dKc
+            del dQs, dKc, Qs, Kc, Mc
+
+        # 3. the block-local algebra
+        dv = dV[:, :, :T].transpose(1, 2)
         dq = torch.empty(B, T, H, D, **f32)
         dk = torch.empty(B, T, H, D, **f32)
         dw = torch.empty(B, T, H, D, **f32) if has_hh else dummy
@@ -756,7 +1016,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
         dGl = torch.empty(B, H, Tp, **f32) if has_gate else dummy
         _kernels()[3][(N, B * H)](
             qk, kk, wk if has_hh else dummy, bk if has_hh else dummy,
-            dQt, dKt, dSI, dP, XB if has_hh else dummy,
+            dQt, dKt, dSI, dM.contiguous() if has_hh else dummy, XB if has_hh else dummy,
             dq, dk, dw, dbeta, dGl,
             T, H, N, float(scale),
             D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, HPREC=_hprec(dev),
@@ -764,7 +1024,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
         )
         dlf = None
         if has_gate:
-            dG = (dGrow + total(dGcolp) + dGl)[:, :, :T]  # dL/dG, G = cumsum(log_fgate)
+            dG = (dGrow + dGcol + dGl)[:, :, :T]  # dL/dG, G = cumsum(log_fgate)
             dlf = dG.flip(-1).cumsum(-1).flip(-1).transpose(1, 2)
         if not has_hh:
             dw = dbeta = None

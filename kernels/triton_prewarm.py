@@ -18,10 +18,11 @@ import torch
 from pathbench.kernels import triton_path as tp
 tp.FORCE_CONFIG.update({{"fwd": {fwd}, "bwd": {bwd}}})
 D, dt = {D}, torch.{dtype}
-q, k, v = (torch.randn(1, 300, 2, D, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
-w = torch.nn.functional.normalize(torch.randn(1, 300, 2, D, device="cuda"), dim=-1) if {hh} else None
-beta = 2 * torch.rand(1, 300, 2, device="cuda") if {hh} else None
-lf = torch.nn.functional.logsigmoid(torch.randn(1, 300, 2, device="cuda") + 2) if {gate} else None
+T = 1100  # several chunks, so that every kernel compiles
+q, k, v = (torch.randn(1, T, 2, D, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
+w = torch.nn.functional.normalize(torch.randn(1, T, 2, D, device="cuda"), dim=-1) if {hh} else None
+beta = 2 * torch.rand(1, T, 2, device="cuda") if {hh} else None
+lf = torch.nn.functional.logsigmoid(torch.randn(1, T, 2, device="cuda") + 2) if {gate} else None
 tp.path_attention_triton(q, k, v, w, beta, lf).float().sum().backward()
 torch.cuda.synchronize()
 """

@@ -115,6 +115,20 @@ def test_gpu_block_size_and_several_backward_programs(monkeypatch):
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
+@pytest.mark.parametrize("hh", [True, False], ids=["path", "softmax"])
+def test_keys_many_chunks_back(monkeypatch, hh):
+    """Soft attention without a gate, so that keys several chunks back carry real gradient;
+    chunks of three blocks (the last one partial), two backward programs per head."""
+    import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 3)
+    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
+    args = make_inputs(2, 170, 1, 32, hh, False)
+    args[0] = args[0] * 0.3
+    check_against_reference(args, grad_tol=1e-5)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter settings")
 def test_backward_solving_the_block_inverses_again(monkeypatch):
     """Without the forward's block inverses the backward's preprocessing solves them again."""
     import pathbench.kernels.triton_path as tp
@@ -127,7 +141,8 @@ def test_backward_solving_the_block_inverses_again(monkeypatch):
 @pytest.mark.skipif(not CUDA, reason="GPU configurations")
 @pytest.mark.parametrize("D", [32, 64, 128])
 def test_every_tuned_gpu_configuration(D):
-    """Each configuration the tuner may pick, forced, in bfloat16 against float64."""
+    """Each configuration the tuner may pick, forced, in bfloat16 against float64, over
+    several chunks (512 tokens each on the GPU)."""
     import pathbench.kernels.triton_path as tp
 
     fwd, bwd = tp._GPU_CONFIGS["fwd"][D], tp._GPU_CONFIGS["bwd"][D]
@@ -136,7 +151,7 @@ def test_every_tuned_gpu_configuration(D):
         tp.FORCE_CONFIG.update(fwd=fwd[min(i, tp.TUNE_CANDIDATES["fwd"][D] - 1)],
                                bwd=bwd[min(i, tp.TUNE_CANDIDATES["bwd"][D] - 1)])
         try:
-            args = make_inputs(2, 333, 2, D, True, False, dtype=torch.bfloat16)
+            args = make_inputs(2, 1100, 2, D, True, False, dtype=torch.bfloat16)
             ref_args = [a.double() if a is not None else None for a in args]
             dout = torch.randn(args[0].shape, device=DEV, dtype=torch.float64)
             out, g = grads(path_attention_triton, args, dout)

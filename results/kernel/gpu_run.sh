@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One run on a lent H200 (`run` with carry [".whl"]): tests, model check, benchmark.
-# Writes setup.log, gpu_tests.log, check.log, bench.log, kernel_bench.csv and kernel_bench.png
+# Writes setup.log, gpu_tests.log, check.log, chunks.log, bench.log, kernel_bench.csv and
+# kernel_bench.png
 # under $OUT; phases are guarded by timeouts so the benchmark always runs. $1: seconds for it all.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -34,7 +35,29 @@ wait $p2; echo "check exit $? at $(el)s" | tee -a "$OUT/setup.log"
 wait $p3; echo "pre-compilation done at $(el)s" | tee -a "$OUT/setup.log"
 tail -n 25 "$OUT/gpu_tests.log"; cat "$OUT/check.log"
 
-# phase 2, alone on the GPU: the benchmark
+# phase 2, alone on the GPU: fwd+bwd at three chunk sizes (how CHUNK_TOKENS was chosen), and
+# where the time goes at D = 128, T = 16384
+timeout 100 python3 - >"$OUT/chunks.log" 2>&1 <<'EOF'
+import triton.testing
+from pathbench.kernels import triton_path as tp
+from pathbench.kernels.bench_kernel import _fns, _inputs, _profile
+shapes = [(64, 1024, 32, 16), (64, 16384, 32, 1), (128, 768, 2, 32), (128, 4096, 16, 4), (128, 16384, 16, 1)]
+print("fwd+bwd ms (median) by chunk tokens; D, T, H, B")
+for D, T, H, B in shapes:
+    args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
+    _, fwd_bwd, _ = _fns("ours", args, D ** -0.5)
+    row = []
+    for tokens in (256, 512, 1024):
+        tp.CHUNK_TOKENS = tokens
+        row.append(f"{tokens}: {triton.testing.do_bench(fwd_bwd, warmup=50, rep=300):7.2f}")
+    print(f"D={D} T={T} H={H} B={B}  " + "  ".join(row), flush=True)
+tp.CHUNK_TOKENS = 512
+_profile(128, 16384, 16, 1, print)
+EOF
+echo "chunk sizes and profile exit $? at $(el)s" | tee -a "$OUT/setup.log"
+cat "$OUT/chunks.log"
+
+# phase 3, alone on the GPU: the benchmark
 left=$(( budget - $(el) ))
 timeout $(( left > 30 ? left : 30 )) python3 -m pathbench.runners.cli bench kernel --path "$OUT" \
   2>&1 | tee "$OUT/bench.log"
