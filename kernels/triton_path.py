@@ -187,30 +187,35 @@ def _kernels():
         tl.store(O + tile_i, o.to(O.dtype.element_ty))
         tl.store(LSE + bh * Tp + offs_i, m + tl.log(l))
 
-    @triton.jit(do_not_specialize=["N", "C"])
+    @triton.jit(do_not_specialize=["N", "C", "NG"])
     def _bwd_within_kernel(
         QT, KT, V, MB, G, SI, LSE, DO, DELTA,
-        DQT, DKT, DV, DM, DGROW, DGCOL, DSI, RS,
-        N, C, scale,
+        DQT, DKP, DVP, DMP, DGROW, DGCOLP, DSI, RS,
+        N, C, NG, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
-        first = tl.program_id(0) * C  # this program's chunk: blocks first .. first + C - 1
+        # A program owns the query blocks first + g, first + g + NG, ... of one chunk.
+        first = (tl.program_id(0) // NG) * C
+        g = tl.program_id(0) % NG
         bh = tl.program_id(1).to(tl.int64)
         Tp = N * BT
         rows = tl.arange(0, BT)
         cols = tl.arange(0, D)
         base = bh * Tp * D
+        own = bh * NG + g  # this program's slot in the partial sums and the scratch
+        pbase = own * Tp * D
         DS: tl.constexpr = 64 if D > 64 else D
         slab = tl.arange(0, DS)
         causal = rows[None, :] <= rows[:, None]
 
         DT = KT.dtype.element_ty  # storage / data-dot dtype: float32, or q's 16-bit dtype
-        for ib in range(first, tl.minimum(first + C, N)):
-            # the previous query block's reads of RS and the chunk's sums are done
+        for ib in range(first + g, tl.minimum(first + C, N), NG):
+            # the previous query block's reads of RS and the partial sums are done
             tl.debug_barrier()
             offs_i = ib * BT + rows
             tile_i = base + offs_i[:, None] * D + cols[None, :]
+            part_i = pbase + offs_i[:, None] * D + cols[None, :]  # the same rows, in the partial sums
             do = tl.load(DO + tile_i)
             delta = tl.load(DELTA + bh * Tp + offs_i)
             lse = tl.load(LSE + bh * Tp + offs_i)
@@ -224,7 +229,8 @@ def _kernels():
             ds = p * (dp - delta[:, None])
             tl.debug_barrier()  # DSI may be SI itself: every thread has read its logits
             tl.store(DSI + si_ptr, ds)
-            tl.store(DV + tile_i, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(DV + tile_i), input_precision=PREC))
+            dv_ptr = DVP + part_i
+            tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
 
             qt = tl.load(QT + tile_i).to(tl.float32)
             r = qt
@@ -232,7 +238,7 @@ def _kernels():
                 # replay the forward carry of the queries within the chunk, keeping each position
                 for jj in range(0, ib - first):
                     jb = ib - 1 - jj
-                    tl.store(RS + base + (jb * BT + rows)[:, None] * D + cols[None, :], r.to(RS.dtype.element_ty))
+                    tl.store(RS + pbase + (jb * BT + rows)[:, None] * D + cols[None, :], r.to(RS.dtype.element_ty))
                     r = _carry(r, MB + (bh * N + jb) * D * D, cols, D, False, HH16, PREC)
                 # RS is read back below in another register layout, i.e. by other threads
                 tl.debug_barrier()
@@ -244,8 +250,9 @@ def _kernels():
             for jb in range(first, ib):
                 offs_j = jb * BT + rows
                 tile_j = base + offs_j[:, None] * D + cols[None, :]
+                part_j = pbase + offs_j[:, None] * D + cols[None, :]
                 if HAS_HH:
-                    r = tl.load(RS + tile_j).to(tl.float32)
+                    r = tl.load(RS + part_j).to(tl.float32)
                 kt = tl.load(KT + tile_j)
                 rb = r.to(DT)
                 s = tl.dot(rb, tl.trans(kt), input_precision=PREC) * scale
@@ -255,20 +262,23 @@ def _kernels():
                 dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
                 dsb = (ds * scale).to(DT)
-                tl.store(DV + tile_j, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(DV + tile_j), input_precision=PREC))
-                tl.store(DKT + tile_j, tl.dot(tl.trans(dsb), rb, acc=tl.load(DKT + tile_j), input_precision=PREC))
+                dv_ptr = DVP + part_j
+                tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
+                dk_ptr = DKP + part_j
+                tl.store(dk_ptr, tl.dot(tl.trans(dsb), rb, acc=tl.load(dk_ptr), input_precision=PREC))
                 if HAS_GATE:
                     dg_row += tl.sum(ds, 1)
-                    tl.store(DGCOL + bh * Tp + offs_j, tl.load(DGCOL + bh * Tp + offs_j) - tl.sum(ds, 0))
+                    dgc_ptr = DGCOLP + own * Tp + offs_j
+                    tl.store(dgc_ptr, tl.load(dgc_ptr) - tl.sum(ds, 0))
                 if HAS_HH:
                     # dr is dL/d(queries before block jb); carry it back across the block.
                     # dL/dM_jb += r^T dr, in row slabs of at most 64 (smaller layout conversions)
                     for sl in tl.static_range(D // DS):
                         if D > DS:
-                            rs = tl.load(RS + base + offs_j[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
+                            rs = tl.load(RS + pbase + offs_j[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
                         else:
                             rs = r
-                        dm_ptr = DM + (bh * N + jb) * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
+                        dm_ptr = DMP + (own * N + jb) * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
                         tl.store(dm_ptr, tl.dot(tl.trans(rs), dr, acc=tl.load(dm_ptr), input_precision=PREC))
                     dr = _carry(dr, MB + (bh * N + jb) * D * D, cols, D, True, False, PREC)
                 dr = tl.dot(dsb, kt, acc=dr, input_precision=PREC)
@@ -619,8 +629,11 @@ INTERPRET_BLOCK = 16
 INTERPRET_CHUNK = 2
 INTERPRET_GROUPS = 1
 MAX_GROUPS = 8
-# tokens a chunk spans on the GPU: the carries across earlier chunks cost one product a chunk
+# Tokens a chunk spans on the GPU: the carries across earlier chunks cost one product a chunk.
+# Up to ONE_CHUNK_TOKENS the whole sequence is one chunk: there the chunk edges' fixed cost
+# outweighs what they save (H200 measurements: results/kernel/README.md).
 CHUNK_TOKENS = 512
+ONE_CHUNK_TOKENS = 4096
 # keep the forward's block inverses (float32, BT per token and head) for the backward
 KEEP_INVERSES = True
 
@@ -835,7 +848,9 @@ def _chunk_blocks(N: int, BT: int, device: torch.device) -> int:
     """Blocks per chunk: keys and queries cross whole chunks in one product each."""
     if device.type != "cuda":
         return INTERPRET_CHUNK
-    return max(1, min(N, CHUNK_TOKENS // BT))
+    if N * BT <= ONE_CHUNK_TOKENS:
+        return N
+    return CHUNK_TOKENS // BT
 
 
 def _chunk_edges(Qt, Kt, Mb, C):
@@ -949,21 +964,30 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
         dummy = _dummy(dev)
         G = Gf if has_gate else dummy
 
-        # 1. pairs of blocks within a chunk: one program per chunk, which owns the chunk's sums
+        # 1. pairs of blocks within a chunk: NGw programs per chunk (several only when one chunk
+        # spans the sequence), each with its own partial sums, added in a fixed order
+        NGw = _num_groups(N, B * H, dev, num_warps) if NC == 1 else 1
         dQt = torch.empty(B, H, Tp, D, **f32)
-        dKt = torch.zeros(B, H, Tp, D, **f32)
-        dV = torch.zeros(B, H, Tp, D, **f32)
-        dM = torch.zeros(B, H, N, D, D, **f32) if has_hh else dummy
+        dKp = torch.zeros(B, H, NGw, Tp, D, **f32)
+        dVp = torch.zeros(B, H, NGw, Tp, D, **f32)
+        dMp = torch.zeros(B, H, NGw, N, D, D, **f32) if has_hh else dummy
         dGrow = torch.empty(B, H, Tp, **f32)
-        dGcol = torch.zeros(B, H, Tp, **f32)
+        dGcolp = torch.zeros(B, H, NGw, Tp, **f32)
         dSI = SI  # the intra-block logits' gradient overwrites them
-        RS = torch.empty(B, H, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
-        _kernels()[1][(NC, B * H)](
+        RS = torch.empty(B, H, NGw, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
+        _kernels()[1][(NC * NGw, B * H)](
             Qt, Kt, V, Mb if has_hh else dummy, G, SI, lse, dO, delta,
-            dQt, dKt, dV, dM, dGrow, dGcol, dSI, RS,
-            N, C, float(scale), **opts,
+            dQt, dKp, dVp, dMp, dGrow, dGcolp, dSI, RS,
+            N, C, NGw, float(scale), **opts,
         )
         del RS
+
+        def total(x):
+            return x[:, :, 0] if NGw == 1 else x.sum(2)
+
+        dKt, dV, dGcol = total(dKp), total(dVp), total(dGcolp)
+        dM = total(dMp) if has_hh else dummy
+        del dKp, dVp, dGcolp, dMp
 
         # 2. pairs across chunks: queries at their chunk's start, keys at their chunk's end
         if N > C:

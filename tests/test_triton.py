@@ -108,6 +108,9 @@ def test_gpu_block_size_and_several_backward_programs(monkeypatch):
     monkeypatch.setattr(tp, "INTERPRET_BLOCK", 64)
     monkeypatch.setattr(tp, "INTERPRET_GROUPS", 3)
     check_against_reference(make_inputs(1, 200, 2, 32, True, True))
+    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 1000)  # one chunk: the within-chunk scan's groups
+    check_against_reference(make_inputs(1, 200, 2, 32, True, True))
+    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 2)
     monkeypatch.setattr(tp, "INTERPRET_BLOCK", 32)
     check_against_reference(make_inputs(2, 100, 1, 16, False, True))
     monkeypatch.setattr(tp, "INTERPRET_BLOCK", 128)
@@ -244,6 +247,17 @@ def test_dispatch_through_path_attention():
     args = make_inputs(1, 37, 2, 32)
     out = path_attention(*args, backend="triton")
     assert rel(out, path_attention_triton(*args)) == 0.0
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU chunk sizes")
+@pytest.mark.parametrize("D,gate", [(32, True), (64, False), (128, True)], ids=str)
+def test_chunks_on_gpu(monkeypatch, D, gate):
+    """Sequences longer than ONE_CHUNK_TOKENS run in chunks; forced here at a moderate length."""
+    import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
+    check_against_reference(make_inputs(1, 1100, 2, D, True, gate))
+    check_against_reference(make_inputs(1, 1100, 2, D, False, gate))
 
 
 @pytest.mark.skipif(not CUDA, reason="long sequences run on the GPU only")
