@@ -143,10 +143,12 @@ def test_backward_solving_the_block_inverses_again(monkeypatch):
 
 @pytest.mark.skipif(not CUDA, reason="GPU configurations")
 @pytest.mark.parametrize("D", [32, 64, 128])
-def test_every_tuned_gpu_configuration(D):
+def test_every_tuned_gpu_configuration(monkeypatch, D):
     """Each configuration the tuner may pick, forced, in bfloat16 against float64, over
-    several chunks (512 tokens each on the GPU)."""
+    several chunks (512 tokens each on the GPU) at the head sizes that use chunks."""
     import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
 
     fwd, bwd = tp._GPU_CONFIGS["fwd"][D], tp._GPU_CONFIGS["bwd"][D]
     tried = 0
@@ -256,6 +258,7 @@ def test_chunks_on_gpu(monkeypatch, D, gate):
     import pathbench.kernels.triton_path as tp
 
     monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
+    monkeypatch.setattr(tp, "CHUNKED_HEAD_DIMS", (D,))
     check_against_reference(make_inputs(1, 1100, 2, D, True, gate))
     check_against_reference(make_inputs(1, 1100, 2, D, False, gate))
 

@@ -68,13 +68,13 @@ for D in (32, 64, 128):
     ref = path_attention_reference(*ref_in)
     ref_g = torch.autograd.grad(ref, ref_in, dout)
     for one in (4096, 0):
-        tp.ONE_CHUNK_TOKENS = one
+        tp.ONE_CHUNK_TOKENS, tp.CHUNKED_HEAD_DIMS = one, (D,)
         ins = [x.detach().clone().requires_grad_(True) for x in (q, k, v, w, beta)]
         out = tp.path_attention_triton(*ins)
         g = torch.autograd.grad(out, ins, dout.to(out.dtype))
         errs = [rel(out, ref)] + [rel(a, b) for a, b in zip(g, ref_g)]
         print(f"D={D:<4} {'one chunk' if one else 'chunks of 512':14s} " + " ".join(f"{e:.2e}" for e in errs), flush=True)
-tp.ONE_CHUNK_TOKENS = 4096
+tp.ONE_CHUNK_TOKENS, tp.CHUNKED_HEAD_DIMS = 4096, (64, 128)
 _profile(128, 16384, 16, 1, print)
 EOF
 echo "chunk sizes, errors and profile exit $? at $(el)s" | tee -a "$OUT/setup.log"
