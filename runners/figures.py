@@ -171,8 +171,9 @@ def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
     for ax in axes[: len(panels)]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label, handle)
+    # about four entries fit under one panel's width
     figure.legend(legend.values(), legend.keys(), loc="outside lower center",
-                  ncols=min(7, len(legend)), frameon=False, fontsize=8)
+                  ncols=min(4 * columns, len(legend)), frameon=False, fontsize=8)
     stem = output.with_suffix("") if output.suffix in (".png", ".pdf", ".md") else output
     stem.parent.mkdir(parents=True, exist_ok=True)
     written = []
