@@ -634,9 +634,9 @@ MAX_GROUPS = 8
 # outweighs what they save (H200 measurements: results/kernel/README.md).
 CHUNK_TOKENS = 512
 ONE_CHUNK_TOKENS = 4096
-# Head sizes whose chunked path passed the GPU tests in 16-bit. At D = 32 its bfloat16 backward
-# hit an illegal memory access on the H200 (float32 there, and the interpreter, are exact); until
-# that is found, smaller heads run as one chunk.
+# Head sizes whose chunked path passed the GPU tests in 16-bit. At D = 32 it hit an illegal
+# memory access in bfloat16 on the H200 (float32 there, and the interpreter, are exact); until
+# that is found, smaller heads run as one chunk (results/kernel/README.md).
 CHUNKED_HEAD_DIMS = (64, 128)
 # keep the forward's block inverses (float32, BT per token and head) for the backward
 KEEP_INVERSES = True
