@@ -888,8 +888,9 @@ def _chunk_edges(Qt, Kt, Mb, C):
     kc, after = [None] * C, None  # after: M_{b+1}^T ... M_{C-1}^T
     for b in reversed(range(C)):
         kc[b] = k[:, :, :, b] if after is None else k[:, :, :, b] @ after
-        mt = m[:, :, :, b].transpose(-1, -2)
-        after = mt if after is None else mt @ after
+        if b > 0:
+            mt = m[:, :, :, b].transpose(-1, -2)
+            after = mt if after is None else mt @ after
     Qs = torch.stack(qs, 3).reshape(B, H, NC * C * BT, D)[:, :, :Tp]
     Kc = torch.stack(kc, 3).reshape(B, H, NC * C * BT, D)[:, :, :Tp]
     return Qs, Kc, before
