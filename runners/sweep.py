@@ -380,9 +380,14 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
         click.echo(f"sweep {grid.task}: {len(configs)} runs, {len(done_here)} already done",
                    err=True)
     if dry_run:
-        for _, configs in planned:
-            for config in configs:
-                click.echo(f"{'done' if run_id(config) in done else 'todo'}  {run_id(config)}")
+        # what a run would do now: skip a deeper layer count already known to be unnecessary
+        for grid, configs in planned:
+            for wave, dropped in _waves(grid, configs, out):
+                for config in wave:
+                    click.echo(f"{'done' if run_id(config) in done else 'todo'}  {run_id(config)}")
+                for config in dropped:
+                    if run_id(config) not in done:
+                        click.echo(f"skip  {run_id(config)}  (solved at fewer layers)")
         return counts
 
     bar = tqdm(total=total, initial=counts["already done"], desc="sweep", unit="run",
@@ -406,10 +411,11 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
         # grid (all of a plain grid's runs; one layer count of an --until-solved grid), so
         # that the workers stay busy across grids.
         waves = [_waves(grid, configs, out) for grid, configs in planned]
-        for round_waves in itertools.zip_longest(*waves, fillvalue=([], 0)):
+        for round_waves in itertools.zip_longest(*waves, fillvalue=([], [])):
             todo = [config for wave, _ in round_waves for config in wave
                     if not _is_done(out / run_id(config))]
-            skipped = sum(dropped for _, dropped in round_waves)
+            skipped = sum(not _is_done(out / run_id(config))
+                          for _, dropped in round_waves for config in dropped)
             if skipped:
                 counts["skipped (solved at fewer layers)"] += skipped
                 bar.total -= skipped
@@ -455,12 +461,12 @@ def _is_done(run_dir: Path) -> bool:
 
 
 def _waves(grid: Grid, configs: list[dict], out: Path):
-    """Yield (runs to do next, number of not-yet-done runs dropped as unnecessary): all the
-    configs at once or, with --until-solved, one layer count at a time without the deeper runs
-    of every model that has solved the task. Each wave's records must exist before the next
-    wave is asked for."""
+    """Yield (runs to do next, runs dropped as unnecessary): all the configs at once or, with
+    --until-solved, one layer count at a time without the deeper runs of every model that has
+    solved the task. Each wave's records must exist before the next wave is asked for; where
+    they do not (a dry run), the next wave drops only what the existing records decide."""
     if not grid.until_solved:
-        yield configs, 0
+        yield configs, []
         return
     from pathbench.runners.report import depth_free_cell, load_frame, solved_cells
 
@@ -469,7 +475,7 @@ def _waves(grid: Grid, configs: list[dict], out: Path):
         at_depth = [config for config in configs if config["model"]["layers"] == layers]
         wave = [config for config in at_depth if depth_free_cell(config) not in solved]
         dropped = [config for config in at_depth if depth_free_cell(config) in solved]
-        yield wave, sum(not _is_done(out / run_id(c)) for c in dropped)
+        yield wave, dropped
         solved |= solved_cells(load_frame(out, only={run_id(config) for config in wave}))
 
 
@@ -493,7 +499,8 @@ def _waves(grid: Grid, configs: list[dict], out: Path):
               help="submitit executor parameter, e.g. slurm_partition=gpu (repeatable).")
 @click.option("--file", "sweep_file", default=None,
               help="Run the sweeps a TOML file defines (a path, or a shipped name: paper).")
-@click.option("--dry-run", is_flag=True, help="List the runs and whether each is done; run none.")
+@click.option("--dry-run", is_flag=True,
+              help="List the runs as done, todo or skip (solved at fewer layers); run none.")
 @click.pass_context
 def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solved, d_model,
           steps, batch_size, device, preset, out, sets, workers, executor, slurm_options,

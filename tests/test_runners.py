@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 
 import pytest
 
@@ -19,7 +20,14 @@ from pathbench.runners.config import (
     train_config,
 )
 from pathbench.runners.report import aggregate, load_frame, min_layers_table, solved_cells
-from pathbench.runners.sweep import Grid, _waves, find_sweep_file, in_run_order, load_sweep_file
+from pathbench.runners.sweep import (
+    Grid,
+    _waves,
+    find_sweep_file,
+    in_run_order,
+    load_sweep_file,
+    run_grids,
+)
 
 
 # --- options and configuration ---------------------------------------------------------------
@@ -184,10 +192,17 @@ def test_runs_start_longest_first_then_seed_by_seed():
                      (1, 0, "rope"), (1, 0, "path"), (1, 1, "rope"), (1, 1, "path")]
 
 
-def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path):
+def _dry_run(grid, out, capsys):
+    run_grids([grid], out=out, device="cpu", workers=1, executor="local", slurm_params={},
+              dry_run=True)
+    return Counter(line.split()[0] for line in capsys.readouterr().out.splitlines())
+
+
+def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path, capsys):
     grid = Grid(task="a5", models=["path", "rope"], layers=[1, 2, 3], lrs=[1e-3, 3e-4],
                 seeds=[0, 1], sets=["task.length=8"], until_solved=True)
     configs = grid.configs("cpu")
+    assert _dry_run(grid, tmp_path, capsys) == {"todo": 24}  # nothing decided yet
     waves = _waves(grid, configs, tmp_path)
     seen_layers = []
     for wave, dropped in waves:
@@ -199,8 +214,10 @@ def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path):
                       and config["train"]["lr"] == 3e-4)
             record = _fake_record(config, 0.95 if solved else 0.5)
             store.write_json_atomic(tmp_path / run_id(config) / "result.json", record)
-        assert dropped == (4 if layers == 3 else 0)  # path at 3 layers: 2 lrs x 2 seeds
+        assert len(dropped) == (4 if layers == 3 else 0)  # path at 3 layers: 2 lrs x 2 seeds
     assert seen_layers == [(1, ["path", "rope"]), (2, ["path", "rope"]), (3, ["rope"])]
+    # the records decide what is left: nothing, and the runs that will never be needed
+    assert _dry_run(grid, tmp_path, capsys) == {"done": 20, "skip": 4}
 
     table = aggregate(load_frame(tmp_path))
     assert set(table.loc[table["model"] == "path", "lr"]) == {3e-4}  # best over lrs

@@ -3,7 +3,8 @@
 #   run(command="bash results/paper/gpu_run.sh 570")
 # Records accumulate in results/paper/runs (untracked files travel with the working tree, so
 # each call resumes where the last stopped); each call returns them as $OUT/runs.tgz (without
-# weights) and its log as $OUT/sweep.log. $1: seconds this call may spend.
+# weights) and its log as $OUT/sweep.log. $1: seconds this call may spend. PARTS: the sweep
+# files to run (names or paths); RUNS: their records' directory.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 budget=${1:-570}
@@ -40,7 +41,12 @@ for part in ${PARTS:-flipflop word_problems mqrar}; do
   echo "== $part exit $? at $(el)s" >>"$log"
 done
 pkill -f pathbench.runners.cli; pkill -f multiprocessing.spawn; sleep 2
-python3 -m pathbench.runners.cli sweep --file paper --dry-run 2>&1 | grep -c '^todo' | sed 's/^/runs still to do: /' >>"$log"
-tar czf "$OUT/runs.tgz" --exclude=model.pt results/paper/runs 2>>"$log"
+todo=0
+for part in ${PARTS:-flipflop word_problems mqrar}; do
+  n=$(python3 -m pathbench.runners.cli sweep --file $part --dry-run 2>/dev/null | grep -c '^todo')
+  todo=$(( todo + n ))
+done
+echo "runs still to do: $todo" >>"$log"
+tar czf "$OUT/runs.tgz" --exclude=model.pt ${RUNS:-results/paper/runs} 2>>"$log"
 echo "end at $(el)s" >>"$log"
 tail -n 30 "$log"
