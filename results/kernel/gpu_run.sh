@@ -37,12 +37,13 @@ tail -n 25 "$OUT/gpu_tests.log"; cat "$OUT/check.log"
 
 # phase 2, alone on the GPU: fwd+bwd with the whole sequence as one chunk and with chunks of
 # 256, 512 and 1024 tokens (the data behind CHUNK_TOKENS and ONE_CHUNK_TOKENS); bfloat16 errors
-# against float64 per gradient, one chunk against chunks; where the time goes at D=128, T=16384
-timeout 120 python3 - >"$OUT/chunks.log" 2>&1 <<'EOF'
-import torch, triton.testing
+# against float64 per gradient, one chunk against chunks, one process per head size (a fault
+# ends its process's CUDA context, and D = 32 in chunks has faulted); where the time goes at
+# D = 128, T = 16384
+timeout 60 python3 - >"$OUT/chunks.log" 2>&1 <<'EOF'
+import triton.testing
 from pathbench.kernels import triton_path as tp
-from pathbench.kernels.bench_kernel import _fns, _inputs, _profile
-from pathbench.kernels.reference import path_attention_reference
+from pathbench.kernels.bench_kernel import _fns, _inputs
 shapes = [(64, 1024, 32, 16), (64, 4096, 32, 4), (64, 16384, 32, 1), (128, 768, 2, 32),
           (128, 4096, 16, 4), (128, 16384, 16, 1)]
 print("fwd+bwd ms (median) by chunk tokens; D, T, H, B")
@@ -55,28 +56,37 @@ for D, T, H, B in shapes:
         ms = triton.testing.do_bench(fwd_bwd, warmup=30, rep=150)
         row.append(f"{'one' if one else tokens}: {ms:7.2f}")
     print(f"D={D} T={T} H={H} B={B}  " + "  ".join(row), flush=True)
-tp.ONE_CHUNK_TOKENS, tp.CHUNK_TOKENS = 4096, 512
+EOF
+printf '\nbfloat16 q/k/v against float64, T=1100, B=2, H=2: relative error of out, dq, dk, dv, dw, dbeta\n' \
+  >>"$OUT/chunks.log"
+for D in 64 128 32; do
+  timeout 40 python3 - $D >>"$OUT/chunks.log" 2>&1 <<'EOF'
+import sys, torch
+from pathbench.kernels import triton_path as tp
+from pathbench.kernels.bench_kernel import _inputs
+from pathbench.kernels.reference import path_attention_reference
 
 def rel(x, y):
     return ((x.double() - y).norm() / y.norm().clamp_min(1e-2)).item()
 
-print("\nbfloat16 q/k/v against float64, T=1100, B=2, H=2: relative error of out, dq, dk, dv, dw, dbeta")
-for D in (32, 64, 128):
-    q, k, v, w, beta = _inputs(2, 1100, 2, D, "cuda", seed=1)
-    dout = torch.randn(q.shape, device="cuda", dtype=torch.float64)
-    ref_in = [x.double().requires_grad_(True) for x in (q, k, v, w, beta)]
-    ref = path_attention_reference(*ref_in)
-    ref_g = torch.autograd.grad(ref, ref_in, dout)
-    for one in (4096, 0):
-        tp.ONE_CHUNK_TOKENS, tp.CHUNKED_HEAD_DIMS = one, (D,)
-        ins = [x.detach().clone().requires_grad_(True) for x in (q, k, v, w, beta)]
-        out = tp.path_attention_triton(*ins)
-        g = torch.autograd.grad(out, ins, dout.to(out.dtype))
-        errs = [rel(out, ref)] + [rel(a, b) for a, b in zip(g, ref_g)]
-        print(f"D={D:<4} {'one chunk' if one else 'chunks of 512':14s} " + " ".join(f"{e:.2e}" for e in errs), flush=True)
-tp.ONE_CHUNK_TOKENS, tp.CHUNKED_HEAD_DIMS = 4096, (64, 128)
-_profile(128, 16384, 16, 1, print)
+D = int(sys.argv[1])
+q, k, v, w, beta = _inputs(2, 1100, 2, D, "cuda", seed=1)
+dout = torch.randn(q.shape, device="cuda", dtype=torch.float64)
+ref_in = [x.double().requires_grad_(True) for x in (q, k, v, w, beta)]
+ref = path_attention_reference(*ref_in)
+ref_g = torch.autograd.grad(ref, ref_in, dout)
+for one in (4096, 0):
+    tp.ONE_CHUNK_TOKENS, tp.CHUNKED_HEAD_DIMS = one, (D,)
+    ins = [x.detach().clone().requires_grad_(True) for x in (q, k, v, w, beta)]
+    out = tp.path_attention_triton(*ins)
+    g = torch.autograd.grad(out, ins, dout.to(out.dtype))
+    errs = [rel(out, ref)] + [rel(a, b) for a, b in zip(g, ref_g)]
+    print(f"D={D:<4} {'one chunk' if one else 'chunks of 512':14s} " + " ".join(f"{e:.2e}" for e in errs), flush=True)
 EOF
+done
+echo >>"$OUT/chunks.log"
+timeout 40 python3 -c "from pathbench.kernels.bench_kernel import _profile; _profile(128, 16384, 16, 1, print)" \
+  >>"$OUT/chunks.log" 2>&1
 echo "chunk sizes, errors and profile exit $? at $(el)s" | tee -a "$OUT/setup.log"
 cat "$OUT/chunks.log"
 
