@@ -5,8 +5,7 @@ query i and key j <= i is scale * q_i^T H_i ... H_{j+1} k_j + (G_i - G_j) with
 H_t = I - beta_t w_t w_t^T and G = cumsum(log_fgate) (ATTENTION.md).
 
 Algorithm (blocks of BT tokens grouped in chunks of C blocks; ATTENTION.md "blockwise
-algorithm"). Six kernels, one launch each, and the chunk-level products in torch; everything
-accumulates in float32.
+algorithm"). Eight kernels, one launch each; everything accumulates in float32.
 
 1. Preprocessing (_prep_fwd_kernel, one program per (block, batch*head)). For the block's rows
    (local time order) with W [BT, D], b = beta, Q, K:
@@ -23,9 +22,11 @@ accumulates in float32.
             (float16 for 16-bit inputs, the precision of the carries' dots)
    Qt and Kt are stored in the data dtype. A dense M makes each carry one [BT, D] x [D, D]
    product instead of two [BT, BT, D] ones.
-2. Chunk edges (_chunk_edges, torch). Per chunk of blocks 0..C-1: the queries moved to the
-   chunk's start Qs_b = Qt_b M_{b-1} ... M_0, the keys moved to its end
-   Kc_b = Kt_b M_{b+1}^T ... M_{C-1}^T, and its product Mc = M_{C-1} ... M_0. With
+2. Chunk edges (_edges_fwd_kernel, one program per (chunk, batch*head); chunk_edges_reference
+   is the same in torch). Per chunk of blocks 0..C-1: the queries moved to the chunk's start
+   Qs_b = Qt_b M_{b-1} ... M_0, the keys moved to its end Kc_b = Kt_b M_{b+1}^T ... M_{C-1}^T,
+   and its product Mc = M_{C-1} ... M_0, by carrying the products P_b = M_{b-1} ... M_0 and
+   S_b = M_{b+1}^T ... M_{C-1}^T across the chunk's blocks. With
    r_{I,c} = Qs_I Mc_{c_I - 1} ... Mc_{c+1} (the queries of block I at the end of chunk c < c_I),
    the logit of query block I and key block J in chunk c is scale r_{I,c} Kc_J^T: across chunks
    queries are carried once a chunk, not once a block.
@@ -47,10 +48,12 @@ accumulates in float32.
       keys forward a chunk at a time, kf_{c+1} = kf_c Mc_c^T from kf = Kc_J (logits
       scale Qs_I kf^T for query blocks I in chunk c), then walks the query blocks last to first
       with the adjoint dkf <- dkf Mc_c at each chunk: dV_J and dKc_J stay in registers.
-   dQs, dKc and dMc go back through the chunk edges by autograd into dQt, dKt and dM. Partial
-   sums that several programs make (dMc; dV, dKt, dM within a chunk are owned by its program)
-   live in buffers per program and are summed in torch in a fixed order: gradients are bitwise
-   reproducible, without atomics.
+   d. The chunk edges' backward (_edges_bwd_kernel, one program per chunk): dQs, dKc and dMc
+      go back into dQt, dKt and dM through the adjoints of P_b and S_b, from the P_b and S_b
+      that the backward's chunk edges stored.
+   Partial sums that several programs make (dMc; dV, dKt, dM within a chunk are owned by its
+   program) live in buffers per program and are summed in torch in a fixed order: gradients
+   are bitwise reproducible, without atomics.
 5. Preprocessing backward (_prep_bwd_kernel, one program per block), from dQt, dKt, dS (the
    intra-block logits' gradient, written over the logits) and dM, with the block inverse X
    that the forward kept (or, without it, the backward's preprocessing stored). With ds = scale dS:
@@ -618,8 +621,112 @@ def _kernels():
         tl.store(DQ + src, dq, mask=m2)
         tl.store(DK + src, dk, mask=m2)
 
+    @triton.jit(do_not_specialize=["N", "C"])
+    def _edges_fwd_kernel(
+        QT, KT, MB, QS, KC, MC, PS, SS,
+        N, C,
+        D: tl.constexpr, BT: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
+    ):
+        # One program per (chunk, batch*head). With P_b = M_{b-1} ... M_0 and
+        # S_b = M_{b+1}^T ... M_{nb-1}^T over the chunk's nb blocks: Qs_b = Qt_b P_b,
+        # Kc_b = Kt_b S_b, Mc = P_nb; with SAVE, P_b and S_b for the backward. The columns of
+        # P and S evolve independently: they are carried in slabs of at most 64 (registers).
+        c = tl.program_id(0)
+        bh = tl.program_id(1).to(tl.int64)
+        NC = (N + C - 1) // C
+        first = c * C
+        nb = tl.minimum(C, N - first)
+        rows = tl.arange(0, BT)
+        cols = tl.arange(0, D)
+        DS: tl.constexpr = 64 if D > 64 else D
+        square = cols[:, None] * D + cols[None, :]
+        saved = (bh * NC + c) * C * D * D  # this chunk's P_b (or S_b), b = 0..C-1
+
+        for sl in tl.static_range(D // DS):
+            slab = sl * DS + tl.arange(0, DS)
+            in_slab = cols[:, None] * D + slab[None, :]
+            p = tl.where(cols[:, None] == slab[None, :], 1.0, 0.0)
+            for b in range(0, nb):
+                row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
+                qt = tl.load(QT + row_ptr + cols[None, :]).to(tl.float32)
+                tl.store(QS + row_ptr + slab[None, :], tl.dot(qt, p, input_precision=PREC).to(QS.dtype.element_ty))
+                if SAVE:
+                    tl.store(PS + saved + b * D * D + in_slab, p)
+                m = tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32)
+                p = tl.dot(m, p, input_precision=PREC)
+            tl.store(MC + (bh * NC + c) * D * D + in_slab, p.to(MC.dtype.element_ty))
+
+            s = tl.where(cols[:, None] == slab[None, :], 1.0, 0.0)
+            for bb in range(0, nb):
+                b = nb - 1 - bb
+                row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
+                kt = tl.load(KT + row_ptr + cols[None, :]).to(tl.float32)
+                tl.store(KC + row_ptr + slab[None, :], tl.dot(kt, s, input_precision=PREC).to(KC.dtype.element_ty))
+                if SAVE:
+                    tl.store(SS + saved + b * D * D + in_slab, s)
+                if b > 0:  # S_{-1} is never used
+                    m = tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32)
+                    s = tl.dot(tl.trans(m), s, input_precision=PREC)
+
+    @triton.jit(do_not_specialize=["N", "C"])
+    def _edges_bwd_kernel(
+        QT, KT, MB, PS, SS, DQS, DKC, DMC, DQT, DKT, DM,
+        N, C,
+        D: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+    ):
+        # The chunk edges' gradients, added into dQt, dKt and dM (rows and blocks this program
+        # alone owns). Adjoints of P and S, with Pbar_nb = dMc and Sbar_{-1} = 0:
+        #   Pbar_b = Qt_b^T dQs_b + M_b^T Pbar_{b+1},  dM_b += Pbar_{b+1} P_b^T,  dQt_b += dQs_b P_b^T
+        #   Sbar_b = Kt_b^T dKc_b + M_b Sbar_{b-1},    dM_b += S_b Sbar_{b-1}^T,  dKt_b += dKc_b S_b^T
+        # column slab by column slab, as in the forward: each slab adds its share of the sums.
+        c = tl.program_id(0)
+        bh = tl.program_id(1).to(tl.int64)
+        NC = (N + C - 1) // C
+        first = c * C
+        nb = tl.minimum(C, N - first)
+        rows = tl.arange(0, BT)
+        cols = tl.arange(0, D)
+        DS: tl.constexpr = 64 if D > 64 else D
+        square = cols[:, None] * D + cols[None, :]
+        saved = (bh * NC + c) * C * D * D
+
+        for sl in tl.static_range(D // DS):
+            slab = sl * DS + tl.arange(0, DS)
+            in_slab = cols[:, None] * D + slab[None, :]
+            tl.debug_barrier()  # the sums are read back in another layout, by other threads
+            pbar = tl.load(DMC + (bh * NC + c) * D * D + in_slab)
+            for bb in range(0, nb):
+                b = nb - 1 - bb
+                row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
+                tile = row_ptr + cols[None, :]
+                p = tl.load(PS + saved + b * D * D + in_slab)
+                dqs = tl.load(DQS + row_ptr + slab[None, :])
+                tl.store(DQT + tile, tl.dot(dqs, tl.trans(p), acc=tl.load(DQT + tile), input_precision=PREC))
+                dm_ptr = DM + (bh * N + first + b) * D * D + square
+                tl.store(dm_ptr, tl.dot(pbar, tl.trans(p), acc=tl.load(dm_ptr), input_precision=PREC))
+                qt = tl.load(QT + tile).to(tl.float32)
+                m = tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32)
+                pbar = tl.dot(tl.trans(m), pbar, input_precision=PREC)
+                pbar = tl.dot(tl.trans(qt), dqs, acc=pbar, input_precision=PREC)
+
+            tl.debug_barrier()
+            sbar = tl.zeros([D, DS], dtype=tl.float32)
+            for b in range(0, nb):
+                row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
+                tile = row_ptr + cols[None, :]
+                s = tl.load(SS + saved + b * D * D + in_slab)
+                dkc = tl.load(DKC + row_ptr + slab[None, :])
+                tl.store(DKT + tile, tl.dot(dkc, tl.trans(s), acc=tl.load(DKT + tile), input_precision=PREC))
+                if b > 0:
+                    dm_ptr = DM + (bh * N + first + b) * D * D + square
+                    tl.store(dm_ptr, tl.dot(s, tl.trans(sbar), acc=tl.load(dm_ptr), input_precision=PREC))
+                kt = tl.load(KT + tile).to(tl.float32)
+                m = tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32)
+                sbar = tl.dot(m, sbar, input_precision=PREC)
+                sbar = tl.dot(tl.trans(kt), dkc, acc=sbar, input_precision=PREC)
+
     _KERNELS = (_path_fwd_kernel, _bwd_within_kernel, _prep_fwd_kernel, _prep_bwd_kernel,
-                _bwd_cross_q_kernel, _bwd_cross_kv_kernel)
+                _bwd_cross_q_kernel, _bwd_cross_kv_kernel, _edges_fwd_kernel, _edges_bwd_kernel)
     return _KERNELS
 
 
@@ -857,23 +964,54 @@ def _chunk_blocks(N: int, BT: int, D: int, device: torch.device) -> int:
     return CHUNK_TOKENS // BT
 
 
-def _chunk_edges(Qt, Kt, Mb, C):
-    """Queries moved to their chunk's start, keys to their chunk's end, and each chunk's product.
+def _chunk_edges(Qt, Kt, Mb, C, prec, launch_opts, save=False):
+    """Queries moved to their chunk's start, keys to their chunk's end, and each chunk's product
+    (_edges_fwd_kernel; chunk_edges_reference is the same in torch): Qs, Kc [B, H, Tp, D] in
+    Qt's dtype and Mc [B, H, NC, D, D] in Mb's, plus, with save, the float32 products before
+    and after each block [B, H, NC, C, D, D] that _chunk_edges_backward needs."""
+    B, H, Tp, D = Qt.shape
+    N = Mb.shape[2]
+    NC = -(-N // C)
+    dev = Qt.device
+    Qs, Kc = torch.empty_like(Qt), torch.empty_like(Kt)
+    Mc = torch.empty(B, H, NC, D, D, dtype=Mb.dtype, device=dev)
+    PS = SS = _dummy(dev)
+    if save:
+        PS = torch.empty(B, H, NC, C, D, D, dtype=torch.float32, device=dev)
+        SS = torch.empty_like(PS)
+    _kernels()[6][(NC, B * H)](
+        Qt, Kt, Mb, Qs, Kc, Mc, PS, SS, N, C,
+        D=D, BT=Tp // N, SAVE=save, PREC=prec, **launch_opts,
+    )
+    return Qs, Kc, Mc, PS, SS
+
+
+def _chunk_edges_backward(Qt, Kt, Mb, PS, SS, dQs, dKc, dMc, dQt, dKt, dM, C, prec, launch_opts):
+    """Add the chunk edges' gradients into dQt, dKt and dM (float32, in place)."""
+    B, H, Tp, D = Qt.shape
+    N = Mb.shape[2]
+    _kernels()[7][(-(-N // C), B * H)](
+        Qt, Kt, Mb, PS, SS, dQs, dKc, dMc, dQt, dKt, dM, N, C,
+        D=D, BT=Tp // N, PREC=prec, **launch_opts,
+    )
+
+
+def chunk_edges_reference(Qt, Kt, Mb, C):
+    """_chunk_edges in plain torch, differentiable (the tests' reference for the kernels).
 
     With blocks b = 0..C-1 of a chunk (time order) and block products M_b:
         Qs_b = Qt_b M_{b-1} ... M_0,   Kc_b = Kt_b M_{b+1}^T ... M_{C-1}^T,   Mc = M_{C-1} ... M_0.
-    Plain torch in float32 (O(T D^2) work, small beside the scans), differentiable: the
-    backward takes the gradients of the three through autograd. A last, partial chunk is
-    padded with identity blocks. Returns float32 Qs, Kc [B, H, Tp, D] and Mc [B, H, NC, D, D].
+    A last, partial chunk is padded with identity blocks. Returns Qs, Kc [B, H, Tp, D] and
+    Mc [B, H, NC, D, D] in the inputs' (common) dtype.
     """
     B, H, Tp, D = Qt.shape
     N = Mb.shape[2]
     BT = Tp // N
     NC = -(-N // C)
     pad = NC * C - N
-    q = Qt.float().reshape(B, H, N, BT, D)
-    k = Kt.float().reshape(B, H, N, BT, D)
-    m = Mb.float()
+    q = Qt.reshape(B, H, N, BT, D)
+    k = Kt.reshape(B, H, N, BT, D)
+    m = Mb
     if pad:
         zeros = q.new_zeros(B, H, pad, BT, D)
         q, k = torch.cat([q, zeros], 2), torch.cat([k, zeros], 2)
@@ -914,8 +1052,7 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep_x=False):
         Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D), XK)
         Qs, Kc, Mc = Qt, Kt, None
         if has_hh and N > C:
-            Qs, Kc, Mc = _chunk_edges(Qt, Kt, Mb, C)
-            Qs, Kc, Mc = Qs.to(sd).contiguous(), Kc.to(sd).contiguous(), Mc.to(Mb.dtype).contiguous()
+            Qs, Kc, Mc, _, _ = _chunk_edges(Qt, Kt, Mb, C, prec, _prep_opts(num_warps, BT, D))
         dummy = _dummy(dev)
         O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
         LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
@@ -997,11 +1134,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
         # 2. pairs across chunks: queries at their chunk's start, keys at their chunk's end
         if N > C:
             if has_hh:
-                with torch.enable_grad():
-                    edges_in = [x.detach().float().requires_grad_(True) for x in (Qt, Kt, Mb)]
-                    Qs32, Kc32, Mc32 = _chunk_edges(*edges_in, C)
-                Qs, Kc, Mc = Qs32.detach().to(sd).contiguous(), Kc32.detach().to(sd).contiguous(), \
-                    Mc32.detach().to(Mb.dtype).contiguous()
+                Qs, Kc, Mc, PS, SS = _chunk_edges(Qt, Kt, Mb, C, prec, _prep_opts(num_warps, BT, D), save=True)
             else:
                 Qs, Kc, Mc = Qt, Kt, dummy
             # dQs and dL/dMc (queries first), NGq programs per head with their own partial sums
@@ -1027,10 +1160,9 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
             del KS
             if has_hh:
                 dMc = dMcp[:, :, 0] if NGq == 1 else dMcp.sum(2)  # fixed order: reproducible
-                dQt_e, dKt_e, dM_e = torch.autograd.grad((Qs32, Kc32, Mc32), edges_in, (dQs, dKc, dMc))
-                dQt += dQt_e
-                dKt += dKt_e
-                dM += dM_e
+                _chunk_edges_backward(Qt, Kt, Mb, PS, SS, dQs, dKc, dMc.contiguous(), dQt, dKt, dM, C, prec,
+                                      _prep_opts(num_warps, BT, D))
+                del PS, SS
             else:
                 dQt += dQs
                 dKt += dKc

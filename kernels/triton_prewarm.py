@@ -17,8 +17,9 @@ WORKER = """
 import torch
 from pathbench.kernels import triton_path as tp
 tp.FORCE_CONFIG.update({{"fwd": {fwd}, "bwd": {bwd}}})
+tp.ONE_CHUNK_TOKENS = 0  # chunks at any length (head sizes that use them), so that every kernel compiles
 D, dt = {D}, torch.{dtype}
-T = 1100  # several chunks, so that every kernel compiles
+T = 1100
 q, k, v = (torch.randn(1, T, 2, D, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
 w = torch.nn.functional.normalize(torch.randn(1, T, 2, D, device="cuda"), dim=-1) if {hh} else None
 beta = 2 * torch.rand(1, T, 2, device="cuda") if {hh} else None

@@ -131,6 +131,37 @@ def test_keys_many_chunks_back(monkeypatch, hh):
     check_against_reference(args, grad_tol=1e-5)
 
 
+@pytest.mark.parametrize("D", [16, 64])
+def test_chunk_edges_match_torch(D):
+    """The chunk-edge kernels against chunk_edges_reference in float64, forward and gradients:
+    chunks of three blocks, the last one partial; gradients are added to what is there."""
+    import pathbench.kernels.triton_path as tp
+
+    B, H, BT, N, C = 2, 2, 16, 7, 3
+    NC = -(-N // C)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device=DEV)
+
+    Qt, Kt = rnd(B, H, N * BT, D), rnd(B, H, N * BT, D)
+    Mb = torch.eye(D, device=DEV) + 0.3 * rnd(B, H, N, D, D) / D**0.5  # like a block's product
+    dQs, dKc, dMc = rnd(B, H, N * BT, D), rnd(B, H, N * BT, D), rnd(B, H, NC, D, D)
+    dQt, dKt, dM = rnd(B, H, N * BT, D), rnd(B, H, N * BT, D), rnd(B, H, N, D, D)
+
+    ref_in = [x.double().requires_grad_(True) for x in (Qt, Kt, Mb)]
+    ref_out = tp.chunk_edges_reference(*ref_in, C)
+    ref_grads = torch.autograd.grad(ref_out, ref_in, (dQs.double(), dKc.double(), dMc.double()))
+
+    prec, opts = tp._prec(torch.float32, Qt.device), tp._prep_opts(4 if CUDA else None, BT, D)
+    Qs, Kc, Mc, PS, SS = tp._chunk_edges(Qt, Kt, Mb, C, prec, opts, save=True)
+    for name, out, ref in zip(("Qs", "Kc", "Mc"), (Qs, Kc, Mc), ref_out):
+        assert rel(out, ref) <= 1e-5, (name, rel(out, ref))
+    start = [x.clone() for x in (dQt, dKt, dM)]
+    tp._chunk_edges_backward(Qt, Kt, Mb, PS, SS, dQs, dKc, dMc, dQt, dKt, dM, C, prec, opts)
+    for name, total, before, ref in zip(("dQt", "dKt", "dM"), (dQt, dKt, dM), start, ref_grads):
+        assert rel(total - before, ref) <= 1e-5, (name, rel(total - before, ref))
+
+
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
 def test_backward_solving_the_block_inverses_again(monkeypatch):
     """Without the forward's block inverses the backward's preprocessing solves them again."""
