@@ -737,8 +737,9 @@ INTERPRET_CHUNK = 2
 INTERPRET_GROUPS = 1
 MAX_GROUPS = 8
 # Tokens a chunk spans on the GPU: the carries across earlier chunks cost one product a chunk.
-# Up to ONE_CHUNK_TOKENS the whole sequence is one chunk: there the chunk edges' fixed cost
-# outweighs what they save (H200 measurements: results/kernel/README.md).
+# Up to ONE_CHUNK_TOKENS the whole sequence is one chunk: there the chunk edges' cost
+# outweighed what they save (H200 measurements with the chunk edges in torch,
+# results/kernel/README.md; not yet measured with their kernels).
 CHUNK_TOKENS = 512
 ONE_CHUNK_TOKENS = 4096
 # Head sizes whose chunked path passed the GPU tests in 16-bit. At D = 32 it hit an illegal
