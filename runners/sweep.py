@@ -383,11 +383,11 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
         # what a run would do now: skip a deeper layer count already known to be unnecessary
         for grid, configs in planned:
             for wave, dropped in _waves(grid, configs, out):
-                for config in wave:
-                    click.echo(f"{'done' if run_id(config) in done else 'todo'}  {run_id(config)}")
-                for config in dropped:
-                    if run_id(config) not in done:
-                        click.echo(f"skip  {run_id(config)}  (solved at fewer layers)")
+                for config, mark in [(c, "todo") for c in wave] + [(c, "skip") for c in dropped]:
+                    if run_id(config) in done:
+                        mark = "done"
+                    reason = "  (solved at fewer layers)" if mark == "skip" else ""
+                    click.echo(f"{mark}  {run_id(config)}{reason}")
         return counts
 
     bar = tqdm(total=total, initial=counts["already done"], desc="sweep", unit="run",

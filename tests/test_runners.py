@@ -218,6 +218,11 @@ def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path, capsys):
     assert seen_layers == [(1, ["path", "rope"]), (2, ["path", "rope"]), (3, ["rope"])]
     # the records decide what is left: nothing, and the runs that will never be needed
     assert _dry_run(grid, tmp_path, capsys) == {"done": 20, "skip": 4}
+    # an unneeded run recorded anyway (by an earlier sweep) is listed as done
+    unneeded = next(c for c in configs if c["model"]["attention"] == "path"
+                    and c["model"]["layers"] == 3 and c["train"]["lr"] == 3e-4)
+    store.write_json_atomic(tmp_path / run_id(unneeded) / "result.json", _fake_record(unneeded, 0.95))
+    assert _dry_run(grid, tmp_path, capsys) == {"done": 21, "skip": 3}
 
     table = aggregate(load_frame(tmp_path))
     assert set(table.loc[table["model"] == "path", "lr"]) == {3e-4}  # best over lrs
