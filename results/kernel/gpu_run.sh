@@ -3,9 +3,11 @@
 # Writes setup.log, gpu_tests.log, check.log, chunks.log, bench.log, kernel_bench.csv and
 # kernel_bench.png
 # under $OUT; phases are guarded by timeouts so the benchmark always runs. $1: seconds for it all.
+# PHASES: which of the three phases below to run (default "1 2 3").
 set -o pipefail
 export PYTHONUNBUFFERED=1
 budget=${1:-330}
+phases=" ${PHASES:-1 2 3} "
 start=$(date +%s)
 el() { echo $(( $(date +%s) - start )); }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -19,6 +21,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 } >"$OUT/setup.log" 2>&1
 cat "$OUT/setup.log"
 
+if [[ $phases == *" 1 "* ]]; then
 # phase 1, side by side (correctness only): the GPU tests (the Triton kernel, and CUDA-graph
 # training against eager training), the model check with the 2000-step bf16 training, and
 # pre-compilation for the benchmark
@@ -34,12 +37,14 @@ wait $p1; echo "tests exit $? at $(el)s" | tee -a "$OUT/setup.log"
 wait $p2; echo "check exit $? at $(el)s" | tee -a "$OUT/setup.log"
 wait $p3; echo "pre-compilation done at $(el)s" | tee -a "$OUT/setup.log"
 tail -n 25 "$OUT/gpu_tests.log"; cat "$OUT/check.log"
+fi
 
+if [[ $phases == *" 2 "* ]]; then
 # phase 2, alone on the GPU: fwd+bwd with the whole sequence as one chunk and with chunks of
 # 256, 512 and 1024 tokens (the data behind CHUNK_TOKENS and ONE_CHUNK_TOKENS); bfloat16 errors
 # against float64 per gradient, one chunk against chunks, one process per head size (a fault
-# ends its process's CUDA context, and D = 32 in chunks has faulted); where the time goes at
-# D = 128, T = 16384
+# ends its process's CUDA context, and D = 32 in chunks has faulted); where the time goes at a
+# training shape, and at 4096 and 16384 tokens
 timeout 60 python3 - >"$OUT/chunks.log" 2>&1 <<'EOF'
 import triton.testing
 from pathbench.kernels import triton_path as tp
@@ -85,11 +90,15 @@ for one in (4096, 0):
 EOF
 done
 echo >>"$OUT/chunks.log"
-timeout 40 python3 -c "from pathbench.kernels.bench_kernel import _profile; _profile(128, 16384, 16, 1, print)" \
-  >>"$OUT/chunks.log" 2>&1
-echo "chunk sizes, errors and profile exit $? at $(el)s" | tee -a "$OUT/setup.log"
+for shape in "128, 768, 2, 32" "64, 4096, 32, 4" "128, 16384, 16, 1"; do
+  timeout 40 python3 -c "from pathbench.kernels.bench_kernel import _profile; _profile($shape, print)" \
+    >>"$OUT/chunks.log" 2>&1
+done
+echo "chunk sizes, errors and profiles exit $? at $(el)s" | tee -a "$OUT/setup.log"
 cat "$OUT/chunks.log"
+fi
 
+[[ $phases == *" 3 "* ]] || exit 0
 # phase 3, alone on the GPU: the benchmark
 left=$(( budget - $(el) ))
 timeout $(( left > 30 ? left : 30 )) python3 -m pathbench.runners.cli bench kernel --path "$OUT" \
