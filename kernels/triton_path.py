@@ -76,9 +76,7 @@ for the programs of the cross-chunk scans (NG <= MAX_GROUPS); nothing O(T^2).
 
 from __future__ import annotations
 
-import math
 import os
-import time
 
 import torch
 
@@ -736,12 +734,14 @@ INTERPRET_BLOCK = 16
 INTERPRET_CHUNK = 2
 INTERPRET_GROUPS = 1
 MAX_GROUPS = 8
-# Tokens a chunk spans on the GPU: the carries across earlier chunks cost one product a chunk.
-# Up to ONE_CHUNK_TOKENS the whole sequence is one chunk: there the chunk edges' cost
-# outweighed what they save (H200 measurements with the chunk edges in torch,
-# results/kernel/README.md; not yet measured with their kernels).
+# Tokens a chunk spans on the GPU. Work within chunks grows with their size, carries across
+# chunks with their number; fwd+bwd on the H200 (results/kernel/README.md) was fastest with
+# one chunk up to ONE_CHUNK_TOKENS, chunks of CHUNK_TOKENS up to LONG_TOKENS, and chunks of
+# LONG_CHUNK_TOKENS beyond.
+ONE_CHUNK_TOKENS = 1024
 CHUNK_TOKENS = 512
-ONE_CHUNK_TOKENS = 4096
+LONG_TOKENS = 8192
+LONG_CHUNK_TOKENS = 1024
 # Head sizes whose chunked path passed the GPU tests in 16-bit. At D = 32 it hit an illegal
 # memory access in bfloat16 on the H200 (float32 there, and the interpreter, are exact); until
 # that is found, smaller heads run as one chunk (results/kernel/README.md).
@@ -749,30 +749,37 @@ CHUNKED_HEAD_DIMS = (64, 128)
 # keep the forward's block inverses (float32, BT per token and head) for the backward
 KEEP_INVERSES = True
 
-# GPU launch configurations (BT, num_warps, num_stages) per kernel and head size. For 16-bit
-# inputs the first TUNE_CANDIDATES[kind][D] configurations that compile are timed once per kernel
-# specialisation and sequence-length bucket on the first call, and the fastest is kept
-# (PATHBENCH_TRITON_TUNE=0 takes the first that compiles, as float32 inputs always do). A
-# configuration the compiler rejects for lack of shared memory falls through to the next one.
-# Tuning candidates are only configurations that passed the GPU tests (results/kernel/).
+# GPU launch configurations (BT, num_warps, num_stages) of the forward and the backward, per
+# head size: the first that compiles is kept per kernel specialisation; one the compiler rejects
+# for lack of shared memory falls through to the next. num_warps and num_stages apply to the
+# scans; the block-local kernels (preprocessing, chunk edges) take 8 warps from BT * D = 4096 on,
+# else 4, with one stage. Blocks of 128 are not offered: the preprocessing kernels' shared memory
+# exceeds an H200's there. The backward keeps one stage at D <= 32 (two stages hit an illegal
+# memory access on the H200 in an earlier version, with a kernel that took query blocks two at a
+# time).
 _GPU_CONFIGS = {
     "fwd": {16: [(64, 4, 1), (32, 4, 1)],
             32: [(64, 4, 1), (32, 4, 1)],
-            64: [(64, 4, 2), (64, 8, 2), (32, 4, 1)],
-            128: [(64, 8, 2), (64, 4, 2), (32, 4, 1)]},
-    # backward: one stage at D <= 32 (two stages hit an illegal memory access on the H200 in
-    # an earlier version, with a kernel that took query blocks two at a time)
+            64: [(64, 4, 2), (32, 4, 1)],
+            128: [(64, 8, 2), (32, 4, 1)]},
     "bwd": {16: [(64, 4, 1), (32, 4, 1)],
             32: [(64, 4, 1), (32, 4, 1)],
-            64: [(64, 4, 1), (64, 8, 2), (32, 4, 1)],
+            64: [(64, 4, 1), (32, 4, 1)],
             128: [(64, 8, 1), (32, 4, 1), (16, 4, 1)]},
 }
-# Blocks of 128 are not offered: the preprocessing kernels' shared memory exceeds an H200's there.
-# Shared memory of the first configurations, compiled with triton 3.6 for sm_90 (limit 232448):
-# at most 196608 (forward, float32, D=128).
 # float32 inputs, backward at D=128: the 64-token block needs 256 KB of shared memory
 _FLOAT32_CONFIGS = {("bwd", 128): [(32, 4, 1), (16, 4, 1)]}
-TUNE_CANDIDATES = {"fwd": {16: 1, 32: 1, 64: 2, 128: 2}, "bwd": {16: 1, 32: 1, 64: 2, 128: 1}}
+# Blocks of 64 tokens with 16-bit inputs at D = 64 and 128, the shapes that are timed: each
+# kernel's own (num_warps, num_stages), the fastest of (8, 1), (4, 2), (8, 2) and (4, 3) per
+# kernel on the H200 (results/kernel/launch.log); the within-chunk backward at D = 128 fits
+# only one stage.
+_KERNEL_LAUNCH_64 = {
+    64: {"prep_fwd": (4, 2), "fwd": (4, 2), "edges_fwd": (4, 2), "within": (4, 2),
+         "cross_q": (4, 3), "cross_kv": (4, 3), "edges_bwd": (4, 2), "prep_bwd": (4, 2)},
+    128: {"prep_fwd": (8, 1), "fwd": (4, 3), "edges_fwd": (4, 2), "within": (8, 1),
+          "cross_q": (8, 2), "cross_kv": (4, 2), "edges_bwd": (8, 1), "prep_bwd": (8, 1)},
+}
+_BLOCK_LOCAL = ("prep_fwd", "prep_bwd", "edges_fwd", "edges_bwd")
 FORCE_CONFIG: dict = {}  # kind -> (BT, num_warps, num_stages); used to pre-compile configurations
 _CHOSEN: dict = {}
 
@@ -781,7 +788,15 @@ def _is_out_of_resources(exc: Exception) -> bool:
     return "out of resource" in str(exc).lower()
 
 
-def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch, tune: bool):
+def gpu_configs(kind: str, D: int, dtype: torch.dtype) -> list:
+    """The configurations (BT, num_warps, num_stages) tried in order for kind and head size D."""
+    cfgs = _GPU_CONFIGS[kind][D]
+    if dtype == torch.float32:  # float32 (tests, not speed): configurations that fit
+        cfgs = _FLOAT32_CONFIGS.get((kind, D)) or list(dict.fromkeys((c[0], c[1], 1) for c in cfgs))
+    return cfgs
+
+
+def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch):
     """Run launch(BT, num_warps, num_stages) under the configuration chosen for key."""
     if device.type != "cuda":
         return launch(INTERPRET_BLOCK, None, None)
@@ -789,12 +804,8 @@ def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch, 
         return launch(*FORCE_CONFIG[kind])
     if key in _CHOSEN:
         return launch(*_CHOSEN[key])
-    tune = tune and os.environ.get("PATHBENCH_TRITON_TUNE", "1") != "0" and TUNE_CANDIDATES[kind][D] > 1
-    timed, last = [], None
-    cfgs = _GPU_CONFIGS[kind][D]
-    if key[2] == torch.float32:  # float32 (tests, not speed): configurations that fit
-        cfgs = _FLOAT32_CONFIGS.get((kind, D)) or list(dict.fromkeys((c[0], c[1], 1) for c in cfgs))
-    for cfg in cfgs:
+    last = None
+    for cfg in gpu_configs(kind, D, key[2]):
         try:
             result = launch(*cfg)
         except Exception as exc:  # triton's OutOfResources; anything else is re-raised
@@ -802,27 +813,19 @@ def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch, 
                 raise
             last = exc
             continue
-        if not tune:
-            _CHOSEN[key] = cfg
-            return result
-        torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        for _ in range(2):
-            result = launch(*cfg)
-        torch.cuda.synchronize(device)
-        timed.append(((time.perf_counter() - start) / 2, cfg))
-        if len(timed) == TUNE_CANDIDATES[kind][D]:
-            break
-    if not timed:
-        raise last
-    best = min(timed)[1]
-    _CHOSEN[key] = best
-    return launch(*best)
+        _CHOSEN[key] = cfg
+        return result
+    raise last
 
 
-def _launch_opts(num_warps, num_stages):
+def _launch(kernel: str, BT: int, D: int, dtype: torch.dtype, num_warps, num_stages) -> dict:
+    """Triton launch options of one kernel under the configuration (BT, num_warps, num_stages)."""
     if num_warps is None:  # interpreter: plain launch
         return {}
+    if BT == 64 and dtype != torch.float32 and D in _KERNEL_LAUNCH_64:
+        num_warps, num_stages = _KERNEL_LAUNCH_64[D][kernel]
+    elif kernel in _BLOCK_LOCAL:
+        num_warps, num_stages = (8 if BT * D >= 4096 else 4), 1
     return {"num_warps": num_warps, "num_stages": num_stages}
 
 
@@ -894,7 +897,7 @@ def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x=None,
         q, k, w if has_hh else dummy, beta if has_hh else dummy, dummy if G is None else G,
         Qt, Kt, dummy if Mb is None else Mb, SI, next((x for x in (load_x, save_x) if x is not None), dummy),
         T, H, N, float(scale),
-        D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=G is not None, PREC=prec, HPREC=_hprec(dev),
+        D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=G is not None, PREC=prec, HPREC=_hprec(q.dtype, dev),
         SAVE_X=save_x is not None, LOAD_X=load_x is not None, XPREC=_xprec(q.dtype, dev), **launch_opts,
     )
     return Qt, Kt, Mb, SI
@@ -924,9 +927,13 @@ def _xprec(dtype: torch.dtype, device: torch.device) -> str:
     return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
-def _hprec(device: torch.device) -> str:
-    """Precision of the products that build the Householder factors (float32-accurate)."""
-    return "ieee" if device.type != "cuda" else "tf32x3"
+def _hprec(dtype: torch.dtype, device: torch.device) -> str:
+    """Precision of the products that build the Householder factors: float32-accurate for
+    float32 inputs; tf32 for 16-bit ones, whose block products are stored in float16 (three-pass
+    tf32 took twice the preprocessing time there, H200, results/kernel/launch.log)."""
+    if device.type != "cuda":
+        return "ieee"
+    return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
 def _dummy(device):
@@ -945,15 +952,8 @@ def _storage_dtype(q):
 
 
 def _spec_key(kind, q, has_hh, has_gate):
-    """The kernel specialisation and a bucket of sequence length (tuning is per bucket)."""
-    bucket = int(math.log2(q.shape[1]))
-    return (kind, q.shape[-1], q.dtype, has_hh, has_gate, q.device.index, bucket)
-
-
-def _prep_opts(num_warps, BT, D):
-    if num_warps is None:  # interpreter
-        return {}
-    return {"num_warps": 8 if BT * D >= 4096 else 4, "num_stages": 1}
+    """The kernel specialisation a configuration is chosen for."""
+    return (kind, q.shape[-1], q.dtype, has_hh, has_gate, q.device.index)
 
 
 def _chunk_blocks(N: int, BT: int, D: int, device: torch.device) -> int:
@@ -962,7 +962,7 @@ def _chunk_blocks(N: int, BT: int, D: int, device: torch.device) -> int:
         return INTERPRET_CHUNK
     if N * BT <= ONE_CHUNK_TOKENS or D not in CHUNKED_HEAD_DIMS:
         return N
-    return CHUNK_TOKENS // BT
+    return (LONG_CHUNK_TOKENS if N * BT > LONG_TOKENS else CHUNK_TOKENS) // BT
 
 
 def _chunk_edges(Qt, Kt, Mb, C, prec, launch_opts, save=False):
@@ -1050,10 +1050,13 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep_x=False):
         C = _chunk_blocks(N, BT, D, dev)
         Gf = _gate_cumsum(log_fgate, Tp)
         XK = torch.empty(B, H, N, BT, BT, dtype=torch.float32, device=dev) if keep_x and has_hh else None
-        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D), XK)
+        def opts(kernel):
+            return _launch(kernel, BT, D, q.dtype, num_warps, num_stages)
+
+        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, opts("prep_fwd"), XK)
         Qs, Kc, Mc = Qt, Kt, None
         if has_hh and N > C:
-            Qs, Kc, Mc, _, _ = _chunk_edges(Qt, Kt, Mb, C, prec, _prep_opts(num_warps, BT, D))
+            Qs, Kc, Mc, _, _ = _chunk_edges(Qt, Kt, Mb, C, prec, opts("edges_fwd"))
         dummy = _dummy(dev)
         O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
         LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
@@ -1064,12 +1067,11 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep_x=False):
             SI, O, LSE,
             N, C, float(scale),
             D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
-            PREC=prec, HH16=q.dtype != torch.float32, **_launch_opts(num_warps, num_stages),
+            PREC=prec, HH16=q.dtype != torch.float32, **opts("fwd"),
         )
         return O[:, :, :T], LSE[:, :, :T], XK
 
-    tune = q.dtype != torch.float32
-    return _with_fallback("fwd", _spec_key("fwd", q, has_hh, has_gate), D, dev, launch, tune)
+    return _with_fallback("fwd", _spec_key("fwd", q, has_hh, has_gate), D, dev, launch)
 
 
 def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
@@ -1090,15 +1092,17 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
         pad = (0, Tp - T)
         Gf = _gate_cumsum(log_fgate, Tp)
         f32 = dict(dtype=torch.float32, device=dev)
-        opts = dict(D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, HH16=q.dtype != torch.float32,
-                    **_launch_opts(num_warps, num_stages))
+        def opts(kernel):
+            return _launch(kernel, BT, D, q.dtype, num_warps, num_stages)
+
+        scan = dict(D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, HH16=q.dtype != torch.float32)
         # the blocks' inverses: the forward's when its blocks were these, else solved again here
         XB, solved = None, False
         if has_hh and X is not None and X.shape[-1] == BT and X.shape[2] == N:
             XB, solved = X, True
         elif has_hh:
             XB = torch.empty(B, H, N, BT, BT, **f32)
-        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, _prep_opts(num_warps, BT, D),
+        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, opts("prep_fwd"),
                                   None if solved else XB, XB if solved else None)
         V = _to_blocks(v, Tp, sd).contiguous()
         dO = _to_blocks(grad_out, Tp, sd).contiguous()
@@ -1121,7 +1125,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
         _kernels()[1][(NC * NGw, B * H)](
             Qt, Kt, V, Mb if has_hh else dummy, G, SI, lse, dO, delta,
             dQt, dKp, dVp, dMp, dGrow, dGcolp, dSI, RS,
-            N, C, NGw, float(scale), **opts,
+            N, C, NGw, float(scale), **scan, **opts("within"),
         )
         del RS
 
@@ -1135,7 +1139,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
         # 2. pairs across chunks: queries at their chunk's start, keys at their chunk's end
         if N > C:
             if has_hh:
-                Qs, Kc, Mc, PS, SS = _chunk_edges(Qt, Kt, Mb, C, prec, _prep_opts(num_warps, BT, D), save=True)
+                Qs, Kc, Mc, PS, SS = _chunk_edges(Qt, Kt, Mb, C, prec, opts("edges_fwd"), save=True)
             else:
                 Qs, Kc, Mc = Qt, Kt, dummy
             # dQs and dL/dMc (queries first), NGq programs per head with their own partial sums
@@ -1146,7 +1150,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
             _kernels()[4][(NGq, B * H)](
                 Qs, Kc, V, Mc, G, lse, dO, delta,
                 dQs, dMcp, dGrow, RSc,
-                N, C, NGq, float(scale), **opts,
+                N, C, NGq, float(scale), **scan, **opts("cross_q"),
             )
             del RSc
             # dKc and the rest of dV (keys first)
@@ -1156,13 +1160,13 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
             _kernels()[5][(NGk, B * H)](
                 Qs, Kc, V, Mc, G, lse, dO, delta,
                 dKc, dV, dGcol, KS,
-                N, C, NGk, float(scale), **opts,
+                N, C, NGk, float(scale), **scan, **opts("cross_kv"),
             )
             del KS
             if has_hh:
                 dMc = dMcp[:, :, 0] if NGq == 1 else dMcp.sum(2)  # fixed order: reproducible
                 _chunk_edges_backward(Qt, Kt, Mb, PS, SS, dQs, dKc, dMc.contiguous(), dQt, dKt, dM, C, prec,
-                                      _prep_opts(num_warps, BT, D))
+                                      opts("edges_bwd"))
                 del PS, SS
             else:
                 dQt += dQs
@@ -1181,8 +1185,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
             dQt, dKt, dSI, dM.contiguous() if has_hh else dummy, XB if has_hh else dummy,
             dq, dk, dw, dbeta, dGl,
             T, H, N, float(scale),
-            D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, HPREC=_hprec(dev),
-            XPREC=_xprec(q.dtype, dev), **_prep_opts(num_warps, BT, D),
+            D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, HPREC=_hprec(q.dtype, dev),
+            XPREC=_xprec(q.dtype, dev), **opts("prep_bwd"),
         )
         dlf = None
         if has_gate:
@@ -1192,8 +1196,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
             dw = dbeta = None
         return dq, dk, dv, dw, dbeta, dlf
 
-    tune = q.dtype != torch.float32
-    return _with_fallback("bwd", _spec_key("bwd", q, has_hh, has_gate), D, dev, launch, tune)
+    return _with_fallback("bwd", _spec_key("bwd", q, has_hh, has_gate), D, dev, launch)
 
 
 class _PathAttention(torch.autograd.Function):

@@ -1,10 +1,10 @@
 """Compile the Triton PaTH kernels' GPU configurations ahead of time, in parallel processes.
 
 `python -m pathbench.kernels.triton_prewarm --dims 32 64 128` runs, in one child process per
-configuration candidate, a small forward and backward with that configuration forced; the
-compiled kernels land in Triton's on-disk cache, so that the first call of a later process
-(whose tuning tries the same candidates) finds them compiled. Saves minutes of serial
-compilation on a fresh machine; changes no result.
+head size (and gate), a small forward and backward under the first GPU configuration, with
+chunks; the compiled kernels land in Triton's on-disk cache, so that the first call of a later
+process finds them compiled. Saves minutes of serial compilation on a fresh machine; changes no
+result.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ torch.cuda.synchronize()
 
 
 def main(argv=None):
+    import torch
+
     from pathbench.kernels import triton_path as tp
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -39,14 +41,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     jobs = []
     for D in args.dims:
-        for i in range(max(tp.TUNE_CANDIDATES["fwd"][D], tp.TUNE_CANDIDATES["bwd"][D])):
-            fwd = tp._GPU_CONFIGS["fwd"][D][min(i, tp.TUNE_CANDIDATES["fwd"][D] - 1)]
-            bwd = tp._GPU_CONFIGS["bwd"][D][min(i, tp.TUNE_CANDIDATES["bwd"][D] - 1)]
-            for gate in ([False, True] if args.gate else [False]):
-                code = WORKER.format(fwd=fwd, bwd=bwd, D=D, dtype=args.dtype, hh=True, gate=gate)
-                proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
-                jobs.append((f"D={D} fwd={fwd} bwd={bwd} gate={gate}", proc))
+        dtype = getattr(torch, args.dtype)
+        fwd, bwd = (tp.gpu_configs(kind, D, dtype)[0] for kind in ("fwd", "bwd"))
+        for gate in ([False, True] if args.gate else [False]):
+            code = WORKER.format(fwd=fwd, bwd=bwd, D=D, dtype=args.dtype, hh=True, gate=gate)
+            proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+            jobs.append((f"D={D} fwd={fwd} bwd={bwd} gate={gate}", proc))
     failed = 0
     for name, proc in jobs:
         out, _ = proc.communicate()

@@ -152,7 +152,8 @@ def test_chunk_edges_match_torch(D):
     ref_out = tp.chunk_edges_reference(*ref_in, C)
     ref_grads = torch.autograd.grad(ref_out, ref_in, (dQs.double(), dKc.double(), dMc.double()))
 
-    prec, opts = tp._prec(torch.float32, Qt.device), tp._prep_opts(4 if CUDA else None, BT, D)
+    prec = tp._prec(torch.float32, Qt.device)
+    opts = tp._launch("edges_fwd", BT, D, torch.float32, 4 if CUDA else None, 1)
     Qs, Kc, Mc, PS, SS = tp._chunk_edges(Qt, Kt, Mb, C, prec, opts, save=True)
     for name, out, ref in zip(("Qs", "Kc", "Mc"), (Qs, Kc, Mc), ref_out):
         assert rel(out, ref) <= 1e-5, (name, rel(out, ref))
@@ -174,18 +175,18 @@ def test_backward_solving_the_block_inverses_again(monkeypatch):
 
 @pytest.mark.skipif(not CUDA, reason="GPU configurations")
 @pytest.mark.parametrize("D", [32, 64, 128])
-def test_every_tuned_gpu_configuration(monkeypatch, D):
-    """Each configuration the tuner may pick, forced, in bfloat16 against float64, over
-    several chunks (512 tokens each on the GPU) at the head sizes that use chunks."""
+def test_every_gpu_configuration(monkeypatch, D):
+    """Each configuration the kernels may run under (the first, and the fallbacks for lack of
+    shared memory), forced, in bfloat16 against float64, over several chunks (512 tokens each
+    on the GPU) at the head sizes that use chunks."""
     import pathbench.kernels.triton_path as tp
 
     monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
 
-    fwd, bwd = tp._GPU_CONFIGS["fwd"][D], tp._GPU_CONFIGS["bwd"][D]
+    fwd, bwd = (tp.gpu_configs(kind, D, torch.bfloat16) for kind in ("fwd", "bwd"))
     tried = 0
-    for i in range(max(tp.TUNE_CANDIDATES["fwd"][D], tp.TUNE_CANDIDATES["bwd"][D])):
-        tp.FORCE_CONFIG.update(fwd=fwd[min(i, tp.TUNE_CANDIDATES["fwd"][D] - 1)],
-                               bwd=bwd[min(i, tp.TUNE_CANDIDATES["bwd"][D] - 1)])
+    for i in range(max(len(fwd), len(bwd))):
+        tp.FORCE_CONFIG.update(fwd=fwd[min(i, len(fwd) - 1)], bwd=bwd[min(i, len(bwd) - 1)])
         try:
             args = make_inputs(2, 1100, 2, D, True, False, dtype=torch.bfloat16)
             ref_args = [a.double() if a is not None else None for a in args]
@@ -199,7 +200,7 @@ def test_every_tuned_gpu_configuration(monkeypatch, D):
         finally:
             tp.FORCE_CONFIG.clear()
         tried += 1
-        assert rel(out, ref) <= 2e-2, (tp.FORCE_CONFIG, rel(out, ref))
+        assert rel(out, ref) <= 2e-2, (i, rel(out, ref))
         for a, b in zip(g, rg):
             assert rel(a, b) <= 5e-2, (i, rel(a, b))
     assert tried

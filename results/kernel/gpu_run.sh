@@ -41,23 +41,23 @@ fi
 
 if [[ $phases == *" 2 "* ]]; then
 # phase 2, alone on the GPU: fwd+bwd with the whole sequence as one chunk and with chunks of
-# 256, 512 and 1024 tokens (the data behind CHUNK_TOKENS and ONE_CHUNK_TOKENS); bfloat16 errors
-# against float64 per gradient, one chunk against chunks, one process per head size (a fault
-# ends its process's CUDA context, and D = 32 in chunks has faulted); where the time goes at a
-# training shape, and at 4096 and 16384 tokens
-timeout 60 python3 - >"$OUT/chunks.log" 2>&1 <<'EOF'
+# 512 and 1024 tokens (the data behind ONE_CHUNK_TOKENS, CHUNK_TOKENS and LONG_CHUNK_TOKENS);
+# bfloat16 errors against float64 per gradient, one chunk against chunks, one process per head
+# size (a fault ends its process's CUDA context, and D = 32 in chunks has faulted); where the
+# time goes at a training shape, and at 4096 and 16384 tokens
+timeout 100 python3 - >"$OUT/chunks.log" 2>&1 <<'EOF'
 import triton.testing
 from pathbench.kernels import triton_path as tp
 from pathbench.kernels.bench_kernel import _fns, _inputs
-shapes = [(64, 1024, 32, 16), (64, 4096, 32, 4), (64, 16384, 32, 1), (128, 768, 2, 32),
-          (128, 4096, 16, 4), (128, 16384, 16, 1)]
+shapes = [(64, 1024, 32, 16), (64, 2048, 32, 8), (64, 4096, 32, 4), (64, 16384, 32, 1), (128, 768, 2, 32),
+          (128, 2048, 16, 8), (128, 4096, 16, 4), (128, 16384, 16, 1)]
 print("fwd+bwd ms (median) by chunk tokens; D, T, H, B")
 for D, T, H, B in shapes:
     args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
     _, fwd_bwd, _ = _fns("ours", args, D ** -0.5)
     row = []
-    for one, tokens in ((T, 512), (0, 256), (0, 512), (0, 1024)):
-        tp.ONE_CHUNK_TOKENS, tp.CHUNK_TOKENS = one, tokens
+    for one, tokens in ((T, 512), (0, 512), (0, 1024)):
+        tp.ONE_CHUNK_TOKENS, tp.CHUNK_TOKENS, tp.LONG_CHUNK_TOKENS = one, tokens, tokens
         ms = triton.testing.do_bench(fwd_bwd, warmup=30, rep=150)
         row.append(f"{'one' if one else tokens}: {ms:7.2f}")
     print(f"D={D} T={T} H={H} B={B}  " + "  ".join(row), flush=True)
