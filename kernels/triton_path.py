@@ -55,8 +55,9 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
    program) live in buffers per program and are summed in torch in a fixed order: gradients
    are bitwise reproducible, without atomics.
 5. Preprocessing backward (_prep_bwd_kernel, one program per block), from dQt, dKt, dS (the
-   intra-block logits' gradient, written over the logits) and dM, with the block inverse X
-   that the forward kept (or, without it, the backward's preprocessing stored). With ds = scale dS:
+   intra-block logits' gradient) and dM, with the block inverse X. The backward uses the
+   forward's preprocessing results (Qt, Kt, M, the logits, X), kept for it, or runs the
+   preprocessing again when they were not kept. With ds = scale dS:
        dQ = dQt + ds K,  dK = dKt + ds^T Q
        dU = -QW^T dQt - W dM,   dW = -U dM^T           (M = I - W^T U; Qt = Q - QW U)
        dE = -QW^T ds,   dR = -WK dKt                    (S term -QW E; Kt = K - WK^T R)
@@ -435,7 +436,7 @@ def _kernels():
         T, H, N, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HPREC: tl.constexpr,
-        SAVE_X: tl.constexpr, LOAD_X: tl.constexpr, XPREC: tl.constexpr,
+        SAVE_X: tl.constexpr, XPREC: tl.constexpr,
     ):
         ib = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
@@ -455,25 +456,21 @@ def _kernels():
             # operands are re-loaded (volatile) near their products: short-lived shared copies
             m2 = valid[:, None]
             beta = tl.load(BETA + b * T * H + t * H + h, mask=valid, other=0.0).to(tl.float32)
-            xo = XO + (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :]
-            if LOAD_X:  # solved by the forward already
-                X = tl.load(xo)
-            else:
-                # X = (I + L)^{-1}, L = strictly_lower(diag(beta) W W^T), by recursive doubling of
-                # the inverted diagonal blocks: for a block [[A, 0], [C, B]] of I + L whose
-                # halves are inverted, the inverse is [[A^-1, 0], [-B^-1 C A^-1, B^-1]].
-                w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
-                L = tl.dot(w * beta[:, None], tl.trans(w), input_precision=HPREC)
-                L = tl.where(rows[:, None] > rows[None, :], L, 0.0)
-                X = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-                for lvl in tl.static_range(7):
-                    if (1 << lvl) < BT:
-                        hb = rows // (1 << lvl)  # index of the half-block
-                        c = ((hb[:, None] // 2) == (hb[None, :] // 2)) & (hb[:, None] % 2 == 1) & (hb[None, :] % 2 == 0)
-                        Z = tl.dot(tl.where(c, L, 0.0), X, input_precision=XPREC)  # C A^-1
-                        X = X - tl.dot(X, Z, input_precision=XPREC)  # B^-1 C A^-1 below A^-1
-                if SAVE_X:  # for the backward
-                    tl.store(xo, X)
+            # X = (I + L)^{-1}, L = strictly_lower(diag(beta) W W^T), by recursive doubling of the
+            # inverted diagonal blocks: for a block [[A, 0], [C, B]] of I + L whose halves are
+            # inverted, the inverse is [[A^-1, 0], [-B^-1 C A^-1, B^-1]].
+            w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
+            L = tl.dot(w * beta[:, None], tl.trans(w), input_precision=HPREC)
+            L = tl.where(rows[:, None] > rows[None, :], L, 0.0)
+            X = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+            for lvl in tl.static_range(7):
+                if (1 << lvl) < BT:
+                    hb = rows // (1 << lvl)  # index of the half-block
+                    c = ((hb[:, None] // 2) == (hb[None, :] // 2)) & (hb[:, None] % 2 == 1) & (hb[None, :] % 2 == 0)
+                    Z = tl.dot(tl.where(c, L, 0.0), X, input_precision=XPREC)  # C A^-1
+                    X = X - tl.dot(X, Z, input_precision=XPREC)  # B^-1 C A^-1 below A^-1
+            if SAVE_X:  # for the backward
+                tl.store(XO + (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :], X)
             w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
             u = tl.dot(X, w * beta[:, None], input_precision=HPREC)
             # the block's product M = I - W^T U, dense (D x D), in row slabs of at most 64
@@ -746,8 +743,10 @@ LONG_CHUNK_TOKENS = 1024
 # memory access in bfloat16 on the H200 (float32 there, and the interpreter, are exact); until
 # that is found, smaller heads run as one chunk (results/kernel/README.md).
 CHUNKED_HEAD_DIMS = (64, 128)
-# keep the forward's block inverses (float32, BT per token and head) for the backward
-KEEP_INVERSES = True
+# keep the forward's block-local results (moved queries and keys, block products, intra-block
+# logits and block inverses: about 2 D + 2 BT floats per token and head, plus D^2 / BT in the
+# products) for the backward, which otherwise computes them again
+KEEP_PREPROCESSING = True
 
 # GPU launch configurations (BT, num_warps, num_stages) of the forward and the backward, per
 # head size: the first that compiles is kept per kernel specialisation; one the compiler rejects
@@ -881,8 +880,9 @@ def _kernel_inputs(q, k, w, beta):
     return q, k, w, beta
 
 
-def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x=None, load_x=None):
-    """Block-local algebra (Triton, one program per block): (Qt, Kt, M, SI), M None without w."""
+def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x):
+    """Block-local algebra (Triton, one program per block): (Qt, Kt, M, SI, X), M None without w,
+    X (the blocks' inverses [B, H, N, BT, BT], float32, for the backward) None without save_x."""
     B, T, H, D = q.shape
     dev = q.device
     Tp = N * BT
@@ -893,14 +893,15 @@ def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x=None,
     Kt = torch.empty(B, H, Tp, D, dtype=sd, device=dev)
     Mb = torch.empty(B, H, N, D, D, dtype=_hh_dtype(q), device=dev) if has_hh else None
     SI = torch.empty(B, H, N, BT, BT, **f32)
+    X = torch.empty(B, H, N, BT, BT, **f32) if has_hh and save_x else None
     _kernels()[2][(N, B * H)](
         q, k, w if has_hh else dummy, beta if has_hh else dummy, dummy if G is None else G,
-        Qt, Kt, dummy if Mb is None else Mb, SI, next((x for x in (load_x, save_x) if x is not None), dummy),
+        Qt, Kt, dummy if Mb is None else Mb, SI, dummy if X is None else X,
         T, H, N, float(scale),
         D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=G is not None, PREC=prec, HPREC=_hprec(q.dtype, dev),
-        SAVE_X=save_x is not None, LOAD_X=load_x is not None, XPREC=_xprec(q.dtype, dev), **launch_opts,
+        SAVE_X=X is not None, XPREC=_xprec(q.dtype, dev), **launch_opts,
     )
-    return Qt, Kt, Mb, SI
+    return Qt, Kt, Mb, SI, X
 
 
 def _gate_cumsum(log_fgate, Tp):
@@ -1035,8 +1036,9 @@ def chunk_edges_reference(Qt, Kt, Mb, C):
     return Qs, Kc, before
 
 
-def _forward(q, k, v, w, beta, log_fgate, scale, keep_x=False):
-    """(O, LSE, X): X the blocks' inverses [B, H, N, BT, BT] for the backward, when keep_x."""
+def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
+    """(O, LSE, kept): with keep, kept is the block-local results (Qt, Kt, M, SI, X) for the
+    backward, else None."""
     B, T, H, D = q.shape
     dev = q.device
     sd = _storage_dtype(q)
@@ -1049,11 +1051,10 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep_x=False):
         Tp = N * BT
         C = _chunk_blocks(N, BT, D, dev)
         Gf = _gate_cumsum(log_fgate, Tp)
-        XK = torch.empty(B, H, N, BT, BT, dtype=torch.float32, device=dev) if keep_x and has_hh else None
         def opts(kernel):
             return _launch(kernel, BT, D, q.dtype, num_warps, num_stages)
 
-        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, opts("prep_fwd"), XK)
+        Qt, Kt, Mb, SI, X = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, opts("prep_fwd"), keep)
         Qs, Kc, Mc = Qt, Kt, None
         if has_hh and N > C:
             Qs, Kc, Mc, _, _ = _chunk_edges(Qt, Kt, Mb, C, prec, opts("edges_fwd"))
@@ -1069,13 +1070,14 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep_x=False):
             D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
             PREC=prec, HH16=q.dtype != torch.float32, **opts("fwd"),
         )
-        return O[:, :, :T], LSE[:, :, :T], XK
+        return O[:, :, :T], LSE[:, :, :T], (Qt, Kt, Mb, SI, X) if keep else None
 
     return _with_fallback("fwd", _spec_key("fwd", q, has_hh, has_gate), D, dev, launch)
 
 
-def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
-    """Gradients (dq, dk, dv, dw, dbeta, dlog_fgate) in float32 (None where an input is None)."""
+def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
+    """Gradients (dq, dk, dv, dw, dbeta, dlog_fgate) in float32 (None where an input is None).
+    kept: the forward's block-local results, used when its blocks were the backward's."""
     B, T, H, D = q.shape
     dev = q.device
     sd = _storage_dtype(q)
@@ -1096,14 +1098,13 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
             return _launch(kernel, BT, D, q.dtype, num_warps, num_stages)
 
         scan = dict(D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, HH16=q.dtype != torch.float32)
-        # the blocks' inverses: the forward's when its blocks were these, else solved again here
-        XB, solved = None, False
-        if has_hh and X is not None and X.shape[-1] == BT and X.shape[2] == N:
-            XB, solved = X, True
-        elif has_hh:
-            XB = torch.empty(B, H, N, BT, BT, **f32)
-        Qt, Kt, Mb, SI = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, opts("prep_fwd"),
-                                  None if solved else XB, XB if solved else None)
+        # the block-local results: the forward's when its blocks were these, else computed again
+        if kept is not None and kept[3].shape[2:] == (N, BT, BT):
+            Qt, Kt, Mb, SI, XB = kept
+            dSI = torch.empty_like(SI)
+        else:
+            Qt, Kt, Mb, SI, XB = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, opts("prep_fwd"), True)
+            dSI = SI  # the intra-block logits' gradient overwrites them
         V = _to_blocks(v, Tp, sd).contiguous()
         dO = _to_blocks(grad_out, Tp, sd).contiguous()
         delta = torch.nn.functional.pad(delta_t, pad).contiguous()
@@ -1120,7 +1121,6 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, X=None):
         dMp = torch.zeros(B, H, NGw, N, D, D, **f32) if has_hh else dummy
         dGrow = torch.empty(B, H, Tp, **f32)
         dGcolp = torch.zeros(B, H, NGw, Tp, **f32)
-        dSI = SI  # the intra-block logits' gradient overwrites them
         RS = torch.empty(B, H, NGw, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
         _kernels()[1][(NC * NGw, B * H)](
             Qt, Kt, V, Mb if has_hh else dummy, G, SI, lse, dO, delta,
@@ -1203,18 +1203,19 @@ class _PathAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, w, beta, log_fgate, scale, grad_needed):
         # the block-local algebra must stay in float32 whatever autocast says
-        keep_x = w is not None and KEEP_INVERSES and grad_needed
+        keep = KEEP_PREPROCESSING and grad_needed
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
-            O, LSE, X = _forward(q, k, v, w, beta, log_fgate, scale, keep_x)
-        ctx.save_for_backward(q, k, v, w, beta, log_fgate, O, LSE, X)
+            O, LSE, kept = _forward(q, k, v, w, beta, log_fgate, scale, keep)
+        ctx.save_for_backward(q, k, v, w, beta, log_fgate, O, LSE, *(kept or (None,) * 5))
         ctx.scale = scale
         return O.transpose(1, 2)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, w, beta, log_fgate, O, LSE, X = ctx.saved_tensors
+        q, k, v, w, beta, log_fgate, O, LSE, *kept = ctx.saved_tensors
+        kept = None if kept[0] is None else tuple(kept)
         with torch.autocast(q.device.type, enabled=False):
-            grads = _backward(q, k, v, w, beta, log_fgate, ctx.scale, O, LSE, grad_out, X)
+            grads = _backward(q, k, v, w, beta, log_fgate, ctx.scale, O, LSE, grad_out, kept)
         like = (q, k, v, w, beta, log_fgate)
         return tuple(None if g is None else g.to(x.dtype) for g, x in zip(grads, like)) + (None, None)
 

@@ -164,13 +164,27 @@ def test_chunk_edges_match_torch(D):
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
-def test_backward_solving_the_block_inverses_again(monkeypatch):
-    """Without the forward's block inverses the backward's preprocessing solves them again."""
+def test_backward_computing_the_block_algebra_again(monkeypatch):
+    """Without the forward's block-local results the backward computes them again."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "KEEP_INVERSES", False)
+    monkeypatch.setattr(tp, "KEEP_PREPROCESSING", False)
     check_against_reference(make_inputs(1, 37, 2, 32, True, True))
     check_against_reference(make_inputs(2, 40, 1, 16, True, False))
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter settings")
+@pytest.mark.parametrize("keep, calls", [(True, 1), (False, 2)])
+def test_backward_reuses_the_forward_block_algebra(monkeypatch, keep, calls):
+    import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(tp, "KEEP_PREPROCESSING", keep)
+    prepared = []
+    original = tp._prepare
+    monkeypatch.setattr(tp, "_prepare", lambda *a: prepared.append(1) or original(*a))
+    args = [a.requires_grad_(True) for a in make_inputs(1, 37, 2, 16, True, True)]
+    path_attention_triton(*args).sum().backward()
+    assert len(prepared) == calls
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU configurations")
