@@ -743,6 +743,11 @@ LONG_CHUNK_TOKENS = 1024
 # memory access in bfloat16 on the H200 (float32 there, and the interpreter, are exact); until
 # that is found, smaller heads run as one chunk (results/kernel/README.md).
 CHUNKED_HEAD_DIMS = (64, 128)
+# Block sizes that use chunks. Smaller blocks (the fallback configurations, and float32's
+# backward at D = 128) run as one chunk: with them triton 3.6 fails to compile _edges_fwd_kernel
+# for sm_90 for 16-bit inputs (TritonGPUPrefetch pass); float32 compiles, and its chunks are
+# tested there.
+CHUNKED_BLOCKS = (64,)
 # keep the forward's block-local results (moved queries and keys, block products, intra-block
 # logits and block inverses: about 2 D + 2 BT floats per token and head, plus D^2 / BT in the
 # products) for the backward, which otherwise computes them again
@@ -961,7 +966,7 @@ def _chunk_blocks(N: int, BT: int, D: int, device: torch.device) -> int:
     """Blocks per chunk: keys and queries cross whole chunks in one product each."""
     if device.type != "cuda":
         return INTERPRET_CHUNK
-    if N * BT <= ONE_CHUNK_TOKENS or D not in CHUNKED_HEAD_DIMS:
+    if N * BT <= ONE_CHUNK_TOKENS or D not in CHUNKED_HEAD_DIMS or BT not in CHUNKED_BLOCKS:
         return N
     return (LONG_CHUNK_TOKENS if N * BT > LONG_TOKENS else CHUNK_TOKENS) // BT
 

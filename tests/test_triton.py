@@ -191,8 +191,8 @@ def test_backward_reuses_the_forward_block_algebra(monkeypatch, keep, calls):
 @pytest.mark.parametrize("D", [32, 64, 128])
 def test_every_gpu_configuration(monkeypatch, D):
     """Each configuration the kernels may run under (the first, and the fallbacks for lack of
-    shared memory), forced, in bfloat16 against float64, over several chunks (512 tokens each
-    on the GPU) at the head sizes that use chunks."""
+    shared memory), forced, in bfloat16 against float64; over several chunks (512 tokens each)
+    where chunks are used (blocks of 64 tokens, D = 64 and 128)."""
     import pathbench.kernels.triton_path as tp
 
     monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
@@ -300,11 +300,13 @@ def test_dispatch_through_path_attention():
 @pytest.mark.skipif(not CUDA, reason="GPU chunk sizes")
 @pytest.mark.parametrize("D,gate", [(32, True), (64, False), (128, True)], ids=str)
 def test_chunks_on_gpu(monkeypatch, D, gate):
-    """Sequences longer than ONE_CHUNK_TOKENS run in chunks; forced here at a moderate length."""
+    """Sequences longer than ONE_CHUNK_TOKENS run in chunks; forced here at a moderate length,
+    in float32 also at the smaller blocks of the backward at D = 128."""
     import pathbench.kernels.triton_path as tp
 
     monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
     monkeypatch.setattr(tp, "CHUNKED_HEAD_DIMS", (D,))
+    monkeypatch.setattr(tp, "CHUNKED_BLOCKS", (16, 32, 64))
     check_against_reference(make_inputs(1, 1100, 2, D, True, gate))
     check_against_reference(make_inputs(1, 1100, 2, D, False, gate))
 
