@@ -1,0 +1,107 @@
+"""What one training step of the paper sweep costs on a GPU (its output is step_cost.log).
+
+Run from the repository root on a GPU:
+    python3 results/paper/step_cost.py alone a5:path:1 mqrar:sba:2 ...   # TASK:MODEL:LAYERS
+    python3 results/paper/step_cost.py together 12,24 a5:path:2 ...      # under CUDA MPS
+`alone`: ms per step of graph-replayed training steps with nothing else on the GPU, and the
+kernels of one eager step (count, summed GPU time, the five costliest). `together`: K
+processes replay the same step side by side for 6 s; the aggregate steps per second give the
+GPU time per step when the GPU is shared, as in the sweep's workers. Shapes as in
+runners/sweeps/word_problems.toml and mqrar.toml.
+"""
+
+import json
+import subprocess
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from pathbench.models import build_model, model_config
+from pathbench.runners.config import parse_sets, resolve_run, train_config
+from pathbench.runners.train import TrainStep, make_optimizer, training_batches
+from pathbench.tasks import make_task
+
+
+def training_step(spec):
+    """A CUDA-graph training step of TASK:MODEL:LAYERS and ten batches for it."""
+    task_name, model, layers = spec.split(":")
+    if task_name == "mqrar":
+        options = dict(model=model, layers=int(layers), heads=2, d_model=256, batch_size=64, steps=1000)
+        sets = parse_sets(["task.length=768", "task.num_keys=32"])
+    else:
+        options = dict(model=model, layers=int(layers), batch_size=256, steps=3000)
+        sets = parse_sets([])
+    config = resolve_run(task_name, options=options, sets=sets, device="cuda", preset="paper")
+    task = make_task(config["task"]["name"], config["task"]["config"])
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    net = build_model(model_config(config["model"])).to(device).train()
+    train = train_config(config["train"])
+    step = TrainStep(net, make_optimizer(net, train, device), train.grad_clip, device)
+    batches = training_batches(task, train.batch_size, 0, device)
+    for _ in range(TrainStep.EAGER_CUDA_STEPS + 3):  # eager steps, capture, replays
+        step(*next(batches))
+    torch.cuda.synchronize()
+    return step, [next(batches) for _ in range(10)]
+
+
+def alone(spec):
+    step, data = training_step(spec)
+    start = time.perf_counter()
+    for i in range(60):
+        step(*data[i % 10])
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - start) / 60 * 1e3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step._step(*data[0])
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name = {}
+    for e in kernels:
+        by_name[e.name[:50]] = by_name.get(e.name[:50], 0) + e.device_time
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:5]
+    print(f"{spec:22s} replay {ms:6.2f} ms/step  eager kernels {len(kernels):4d}  "
+          f"kernel-sum {sum(e.device_time for e in kernels) / 1e3:6.2f} ms  top: "
+          + "; ".join(f"{name} {us / 1e3:.2f}" for name, us in top), flush=True)
+
+
+def worker(spec, seconds):
+    step, data = training_step(spec)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    start, steps = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        for batch in data:
+            step(*batch)
+        torch.cuda.synchronize()
+        steps += len(data)
+    print(json.dumps({"steps": steps, "s": time.perf_counter() - start}), flush=True)
+
+
+def together(spec, k, seconds=6.0):
+    procs = [subprocess.Popen([sys.executable, __file__, "worker", spec, str(seconds)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(k)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:  # start them at once
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    rate = sum(r["steps"] / r["s"] for r in (json.loads(p.stdout.readline()) for p in procs))
+    for p in procs:
+        p.wait()
+    print(f"{spec:22s} K={k:3d}  aggregate {rate:8.1f} steps/s  = {1e3 / rate:6.3f} ms GPU per step; "
+          f"per worker {1e3 * k / rate:6.1f} ms/step", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "worker":
+        worker(sys.argv[2], float(sys.argv[3]))
+    elif sys.argv[1] == "alone":
+        for spec in sys.argv[2:]:
+            alone(spec)
+    else:
+        for spec in sys.argv[3:]:
+            for k in map(int, sys.argv[2].split(",")):
+                together(spec, k)
