@@ -1056,6 +1056,7 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
         Tp = N * BT
         C = _chunk_blocks(N, BT, D, dev)
         Gf = _gate_cumsum(log_fgate, Tp)
+
         def opts(kernel):
             return _launch(kernel, BT, D, q.dtype, num_warps, num_stages)
 
@@ -1099,6 +1100,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         pad = (0, Tp - T)
         Gf = _gate_cumsum(log_fgate, Tp)
         f32 = dict(dtype=torch.float32, device=dev)
+
         def opts(kernel):
             return _launch(kernel, BT, D, q.dtype, num_warps, num_stages)
 
