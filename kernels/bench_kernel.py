@@ -293,7 +293,7 @@ def bench_kernel(out_dir, impls, quick, compile_only, profile, seqlens):
         from pathbench.kernels import triton_path
 
         for key, cfg in sorted(triton_path._CHOSEN.items(), key=str):
+            own = triton_path.kernel_launch_table(cfg[0], key[1], key[2]) is not None
             click.echo(f"ours: configuration {cfg} (BT, warps, stages) for {key}"
-                       + ("; each kernel's own warps and stages at BT = 64" if cfg[0] == 64 and key[1] in
-                          triton_path._KERNEL_LAUNCH_64 and key[2] != torch.float32 else ""))
+                       + ("; each kernel's own warps and stages" if own else ""))
     click.echo(f"wrote {out / 'kernel_bench.csv'} and {out / 'kernel_bench.png'}")

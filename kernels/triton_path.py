@@ -822,12 +822,21 @@ def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch):
     raise last
 
 
+def kernel_launch_table(BT: int, D: int, dtype: torch.dtype) -> dict | None:
+    """Each kernel's own (num_warps, num_stages) for these blocks, head size and input dtype, or
+    None where the configuration's settings apply."""
+    if BT == 64 and dtype != torch.float32:
+        return _KERNEL_LAUNCH_64.get(D)
+    return None
+
+
 def _launch(kernel: str, BT: int, D: int, dtype: torch.dtype, num_warps, num_stages) -> dict:
     """Triton launch options of one kernel under the configuration (BT, num_warps, num_stages)."""
     if num_warps is None:  # interpreter: plain launch
         return {}
-    if BT == 64 and dtype != torch.float32 and D in _KERNEL_LAUNCH_64:
-        num_warps, num_stages = _KERNEL_LAUNCH_64[D][kernel]
+    table = kernel_launch_table(BT, D, dtype)
+    if table is not None:
+        num_warps, num_stages = table[kernel]
     elif kernel in _BLOCK_LOCAL:
         num_warps, num_stages = (8 if BT * D >= 4096 else 4), 1
     return {"num_warps": num_warps, "num_stages": num_stages}
