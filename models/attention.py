@@ -129,6 +129,23 @@ class StickBreakingAttention(Attention):
         return state.cache.stick_breaking_readout(q)
 
 
+class CausalDepthwiseConv(nn.Module):
+    """One filter per channel over the last ``width`` positions: [B, T + width - 1, C] -> [B, T, C].
+
+    The caller supplies the ``width - 1`` positions before the first output (zeros, or the
+    inputs already seen while decoding), so whole sequences and single tokens share it.
+    """
+
+    def __init__(self, channels: int, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, width))  # as Conv1d's weight
+        nn.init.kaiming_uniform_(self.weight, a=5**0.5)  # Conv1d's default initialisation
+
+    def forward(self, window):
+        conv = F.conv1d(window.transpose(1, 2), self.weight, groups=self.weight.shape[0])
+        return conv.transpose(1, 2)
+
+
 class PathFamilyAttention(Attention):
     """fox, path and path_fox: softmax attention with a forget gate and/or Householder transport.
 
@@ -153,10 +170,7 @@ class PathFamilyAttention(Attention):
             self.beta_max = config.beta_max
             self.w_down = nn.Linear(d_model, W_RANK, bias=False)
             self.w_up = nn.Linear(W_RANK, d_model, bias=False)
-            # Conv1d's weight [channels, 1, width] is the filter; applied by hand below so that
-            # the whole-sequence and one-token paths share it.
-            self.w_conv = nn.Parameter(torch.empty(d_model, 1, W_CONV_WIDTH))
-            nn.init.kaiming_uniform_(self.w_conv, a=5**0.5)  # Conv1d's default initialisation
+            self.w_conv = CausalDepthwiseConv(d_model, W_CONV_WIDTH)
             self.beta_proj = nn.Linear(d_model, heads)
 
     def position_inputs(self, x, recent=None):
@@ -174,8 +188,7 @@ class PathFamilyAttention(Attention):
             if recent is None:
                 recent = low_rank.new_zeros(x.shape[0], W_CONV_WIDTH - 1, x.shape[-1])
             window = torch.cat([recent, low_rank], dim=1)  # [B, T + 2, d_model]
-            conv = F.conv1d(window.transpose(1, 2), self.w_conv, groups=window.shape[-1])
-            conv = conv.transpose(1, 2).to(dtype).unflatten(-1, (self.heads, self.head_dim))
+            conv = self.w_conv(window).to(dtype).unflatten(-1, (self.heads, self.head_dim))
             w = F.normalize(conv, dim=-1)
             beta = (2 * torch.sigmoid(self.beta_proj(x).to(dtype))).clamp(max=self.beta_max)
             recent = window[:, -(W_CONV_WIDTH - 1):]

@@ -9,6 +9,7 @@ goes on. Only an interrupt (Ctrl-C, a kill) leaves a run without result.json, i.
 from __future__ import annotations
 
 import functools
+import json
 import platform
 import subprocess
 import time
@@ -65,66 +66,117 @@ def _package_version(name: str) -> str | None:
 
 def execute_run(config: dict, out: Path, progress: bool = True) -> dict:
     """Run one resolved configuration into ``out/<run_id>/`` and return its result record."""
+    return execute_runs([config], out, progress)[0]
+
+
+def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[dict]:
+    """Run resolved configurations that differ only in seed and learning rate as one pack
+    (``pathbench.models.pack``), each into its own ``out/<run_id>/``; their result records.
+
+    A model that cannot be packed (a plugin module of unknown kind) trains its runs one after
+    another instead.
+    """
     import torch
 
     from pathbench.models import build_model, model_config
-    from pathbench.runners.train import train
+    from pathbench.models.pack import NotPackable, pack_models
+    from pathbench.runners.train import Member, train
     from pathbench.tasks import make_task
 
-    run_dir = Path(out) / run_id(config)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # A rerun of the same configuration starts clean: without result.json it counts as not done,
-    # and no weights of an earlier attempt stay behind.
-    (run_dir / store.RESULT_FILE).unlink(missing_ok=True)
-    (run_dir / store.WEIGHTS_FILE).unlink(missing_ok=True)
-    store.write_json_atomic(run_dir / store.CONFIG_FILE, config)
-    curve = store.CurveWriter(run_dir)
-    device = torch.device(config["device"])
+    if len({pack_key(config) for config in configs}) != 1:
+        raise ValueError("a pack's runs must differ only in seed and learning rate")
+    shared = configs[0]
+    run_dirs = [Path(out) / run_id(config) for config in configs]
+    for config, run_dir in zip(configs, run_dirs):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # A rerun of the same configuration starts clean: without result.json it counts as not
+        # done, and no weights of an earlier attempt stay behind.
+        (run_dir / store.RESULT_FILE).unlink(missing_ok=True)
+        (run_dir / store.WEIGHTS_FILE).unlink(missing_ok=True)
+        store.write_json_atomic(run_dir / store.CONFIG_FILE, config)
+    curves = [store.CurveWriter(run_dir) for run_dir in run_dirs]
+    device = torch.device(configs[0]["device"])
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
-    provenance = {
-        "pathbench_version": pathbench.__version__,
-        **git_state(),
-        "torch_version": torch.__version__,
-        "triton_version": _package_version("triton"),
-        "python_version": platform.python_version(),
-        "device": config["device"],
-        "device_name": device_name(device),
-        "task_version": config["task"]["version"],
-        "dataset_hash": None,
-        "seed": config["seed"],
-        "started_at": started.isoformat(timespec="seconds"),
-        "wall_time_s": None,
-    }
-    record = {"run_id": run_dir.name, "status": "failed", "reason": None, "steps": 0,
-              "stopped_early": False, "primary_metric": None, "solved_threshold": None,
-              "metrics": {}, "validation": {}, "config": config, "provenance": provenance}
+    records = []
+    for config, run_dir in zip(configs, run_dirs):
+        provenance = {
+            "pathbench_version": pathbench.__version__,
+            **git_state(),
+            "torch_version": torch.__version__,
+            "triton_version": _package_version("triton"),
+            "python_version": platform.python_version(),
+            "device": config["device"],
+            "device_name": device_name(device),
+            "task_version": config["task"]["version"],
+            "dataset_hash": None,
+            "seed": config["seed"],
+            "started_at": started.isoformat(timespec="seconds"),
+            "wall_time_s": None,
+            "pack": [directory.name for directory in run_dirs],
+        }
+        records.append({"run_id": run_dir.name, "status": "failed", "reason": None, "steps": 0,
+                        "stopped_early": False, "primary_metric": None,
+                        "solved_threshold": None, "metrics": {}, "validation": {},
+                        "config": config, "provenance": provenance})
     try:
-        task = make_task(config["task"]["name"], config["task"]["config"])
-        if task.version != config["task"]["version"]:
+        task = make_task(shared["task"]["name"], shared["task"]["config"])
+        if task.version != shared["task"]["version"]:
             raise RuntimeError(f"task version is {task.version}, the config was resolved "
-                               f"against {config['task']['version']}")
-        record.update(primary_metric=task.primary_metric, solved_threshold=task.solved_threshold)
-        torch.manual_seed(config["seed"])
-        model = build_model(model_config(config["model"]))
-        outcome = train(model, task, train_config(config["train"]), config["seed"], device,
-                        curve, progress=progress, label=run_dir.name)
-        record.update(status=outcome.status, reason=outcome.reason, steps=outcome.steps,
-                      stopped_early=outcome.stopped_early, metrics=outcome.metrics,
-                      validation=outcome.validation)
-        provenance["dataset_hash"] = outcome.dataset_hash
-        if outcome.status == "ok":
-            weights = {"model_config": config["model"], "state_dict": model.state_dict()}
-            store.write_atomic(run_dir / store.WEIGHTS_FILE, lambda f: torch.save(weights, f))
-    except Exception as exc:  # any crash of this run is recorded, the caller goes on
-        record.update(status="failed", reason=f"{type(exc).__name__}: {exc}",
-                      traceback=traceback.format_exc())
+                               f"against {shared['task']['version']}")
+        models = []
+        for config in configs:
+            torch.manual_seed(config["seed"])
+            models.append(build_model(model_config(config["model"])))
+        try:
+            packs = [(pack_models(models), list(range(len(configs))))]
+        except NotPackable:
+            if len(models) == 1:
+                packs = [(models[0], [0])]
+            else:
+                packs = [(model, [index]) for index, model in enumerate(models)]
+        for model, indices in packs:
+            members = [Member(configs[i]["seed"], configs[i]["train"]["lr"], curves[i])
+                       for i in indices]
+            label = run_dirs[indices[0]].name + (f" +{len(indices) - 1}" if len(indices) > 1
+                                                 else "")
+            outcomes = train(model, task, train_config(configs[0]["train"]), members, device,
+                             progress=progress, label=label)
+            for index, outcome in zip(indices, outcomes):
+                _record_outcome(records[index], outcome, task, run_dirs[index])
+    except Exception as exc:  # any crash of these runs is recorded, the caller goes on
+        for record in records:
+            if record["status"] == "failed":
+                record.update(reason=f"{type(exc).__name__}: {exc}",
+                              traceback=traceback.format_exc())
     finally:
-        curve.close()
-    provenance["wall_time_s"] = round(time.perf_counter() - clock, 3)
-    store.write_json_atomic(run_dir / store.RESULT_FILE, record)
-    record["run_dir"] = str(run_dir)
-    return record
+        for curve in curves:
+            curve.close()
+    wall_time = round(time.perf_counter() - clock, 3)
+    for record, run_dir in zip(records, run_dirs):
+        record["provenance"]["wall_time_s"] = wall_time
+        store.write_json_atomic(run_dir / store.RESULT_FILE, record)
+        record["run_dir"] = str(run_dir)
+    return records
+
+
+def pack_key(config: dict) -> str:
+    """What runs packed together must share: the configuration less seed and learning rate."""
+    return json.dumps({**config, "seed": None, "train": {**config["train"], "lr": None}},
+                      sort_keys=True)
+
+
+def _record_outcome(record: dict, outcome, task, run_dir: Path) -> None:
+    import torch
+
+    record.update(status=outcome.status, reason=outcome.reason, steps=outcome.steps,
+                  stopped_early=outcome.stopped_early, metrics=outcome.metrics,
+                  validation=outcome.validation, primary_metric=task.primary_metric,
+                  solved_threshold=task.solved_threshold)
+    record["provenance"]["dataset_hash"] = outcome.dataset_hash
+    if outcome.status == "ok":
+        weights = {"model_config": record["config"]["model"], "state_dict": outcome.weights}
+        store.write_atomic(run_dir / store.WEIGHTS_FILE, lambda f: torch.save(weights, f))
 
 
 def summary_table(record: dict) -> str:

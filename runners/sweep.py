@@ -7,13 +7,18 @@ training): records are written atomically and only once a run is over, so a swee
 moment (SIGKILL included) loses nothing written, and running the same command again finishes
 the rest and retries the failures.
 
+``--pack N`` trains up to N runs that differ only in seed and learning rate as one model
+(``pathbench.models.pack``): a small model's step is hundreds of kernels too small to fill a
+GPU, and a pack's kernels do the work of all its runs for about the time of one. Every run
+still has its own record, exactly as if it had trained alone.
+
 Executors:
 
-- ``local`` (default): ``--workers N`` worker processes, each training one run at a time, so
+- ``local`` (default): ``--workers N`` worker processes, each training one pack at a time, so
   several small runs share one GPU or the CPU cores (torch threads are divided among the
-  workers). A worker that dies (killed, out of memory) costs only the run it was training: it
-  is replaced, the sweep goes on, and the run is redone on the next invocation.
-- ``slurm``: one Slurm array job per run through submitit (``pip install 'pathbench[slurm]'``),
+  workers). A worker that dies (killed, out of memory) costs only the runs it was training: it
+  is replaced, the sweep goes on, and those runs are redone on the next invocation.
+- ``slurm``: one Slurm array job per pack through submitit (``pip install 'pathbench[slurm]'``),
   at most ``--workers`` at a time; ``--slurm KEY=VALUE`` passes executor parameters such as
   ``slurm_partition=gpu`` or ``timeout_min=60``.
 
@@ -52,7 +57,7 @@ from pathbench.runners.config import (
     resolve_run,
     run_id,
 )
-from pathbench.runners.run import execute_run, shared_options
+from pathbench.runners.run import execute_runs, pack_key, shared_options
 
 EXECUTORS = ("local", "slurm")
 # submitit's cluster for --executor slurm; the tests set "local" to run the same path without
@@ -125,7 +130,7 @@ def _is_setting_key(key: str) -> bool:
 
 # --- sweep files ----------------------------------------------------------------------------
 
-FILE_KEYS = {"include", "sweep", "out", "workers", "device", "executor"}
+FILE_KEYS = {"include", "sweep", "out", "workers", "pack", "device", "executor"}
 TABLE_KEYS = {f.name for f in fields(Grid)} - {"sets"} | {"set"}
 
 
@@ -155,7 +160,8 @@ def load_sweep_file(path: Path, seen: tuple = ()) -> tuple[dict, list[Grid]]:
     if unknown:
         raise UserError(f"sweep file {path}: unknown key {sorted(unknown)[0]!r}; valid keys: "
                         f"{', '.join(sorted(FILE_KEYS))}")
-    settings = {key: data[key] for key in ("out", "workers", "device", "executor") if key in data}
+    settings = {key: data[key] for key in ("out", "workers", "pack", "device", "executor")
+                if key in data}
     grids = []
     for included in data.get("include", []):
         included_settings, included_grids = load_sweep_file(path.parent / included,
@@ -233,70 +239,72 @@ def _apply(target: Grid, prefix: str, **values) -> Grid:
 
 
 def _serve(connection, threads: int) -> None:
-    """A local worker: trains the runs it is sent, one at a time, and reports each outcome."""
+    """A local worker: trains the packs it is sent, one at a time, and reports their outcomes."""
     import torch
 
     torch.set_num_threads(threads)
     try:
         while (message := connection.recv()) is not None:
-            config, out = message
-            connection.send(_summary(execute_run(config, Path(out), progress=False)))
+            configs, out = message
+            connection.send(_summaries(execute_runs(configs, Path(out), progress=False)))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         # The sweep is gone (killed) or interrupted: stop quietly. A run cut short has no
         # result.json and is redone when the sweep runs again.
         return
 
 
-def _summary(record: dict) -> dict:
-    return {"run_id": record["run_id"], "status": record["status"], "reason": record["reason"]}
+def _summaries(records: list[dict]) -> list[dict]:
+    return [{"run_id": record["run_id"], "status": record["status"], "reason": record["reason"]}
+            for record in records]
 
 
 class _Worker:
-    """One spawned worker process (spawned, not forked, so that CUDA works in it) and the run
-    it is training, if any."""
+    """One spawned worker process (spawned, not forked, so that CUDA works in it) and the runs
+    of the pack it is training, if any."""
 
     def __init__(self, context, threads: int):
         self.connection, child_end = context.Pipe()
         self.process = context.Process(target=_serve, args=(child_end, threads), daemon=True)
         self.process.start()
         child_end.close()
-        self.run: str | None = None
+        self.runs: list[str] = []
 
 
 class LocalPool:
-    """``workers`` processes that train runs in parallel, one run each at a time."""
+    """``workers`` processes that train packs of runs in parallel, one pack each at a time."""
 
     def __init__(self, workers: int):
         self.context = multiprocessing.get_context("spawn")
         self.threads = max(1, (os.cpu_count() or 1) // workers)  # torch threads per worker
         self.workers = [_Worker(self.context, self.threads) for _ in range(workers)]
 
-    def run(self, configs: list[dict], out: Path, report) -> None:
-        """Train every config; ``report(run_id, summary or None)`` is called as each ends
-        (None: the worker died, and the run is not done)."""
-        pending = list(reversed(configs))
-        while pending or any(worker.run for worker in self.workers):
+    def run(self, packs: list[list[dict]], out: Path, report) -> None:
+        """Train every pack; ``report(run_id, summary or None)`` is called for each run as its
+        pack ends (None: the worker died, and the run is not done)."""
+        pending = list(reversed(packs))
+        while pending or any(worker.runs for worker in self.workers):
             for index, worker in enumerate(self.workers):
-                if worker.run is None and pending:
+                if not worker.runs and pending:
                     if not worker.process.is_alive():  # it died while idle
                         self.workers[index] = worker = _Worker(self.context, self.threads)
-                    config = pending.pop()
-                    worker.run = run_id(config)
-                    worker.connection.send((config, str(out)))
-            busy = [worker for worker in self.workers if worker.run]
+                    pack = pending.pop()
+                    worker.runs = [run_id(config) for config in pack]
+                    worker.connection.send((pack, str(out)))
+            busy = [worker for worker in self.workers if worker.runs]
             ready = wait([w.connection for w in busy] + [w.process.sentinel for w in busy])
             for index, worker in enumerate(self.workers):
-                if worker.run is None or not (
+                if not worker.runs or not (
                         worker.connection in ready or worker.process.sentinel in ready):
                     continue
                 try:
-                    summary = worker.connection.recv()
-                except (EOFError, OSError):  # the worker died mid-run
-                    summary = None
+                    summaries = worker.connection.recv()
+                except (EOFError, OSError):  # the worker died mid-pack
+                    summaries = [None] * len(worker.runs)
                     worker.process.join()
                     self.workers[index] = _Worker(self.context, self.threads)
-                report(worker.run, summary)
-                worker.run = None
+                for name, summary in zip(worker.runs, summaries):
+                    report(name, summary)
+                worker.runs = []
 
     def close(self) -> None:
         for worker in self.workers:
@@ -311,12 +319,13 @@ class LocalPool:
                 worker.process.kill()
 
 
-def _submitit_job(config: dict, out: str) -> dict:
-    return _summary(execute_run(config, Path(out), progress=False))
+def _submitit_job(configs: list[dict], out: str) -> list[dict]:
+    return _summaries(execute_runs(configs, Path(out), progress=False))
 
 
-def run_slurm(configs: list[dict], out: Path, workers: int, params: dict, report) -> None:
-    """One submitit array job per run; waits for all of them, reporting each as it ends."""
+def run_slurm(packs: list[list[dict]], out: Path, workers: int, params: dict, report) -> None:
+    """One submitit array job per pack; waits for all of them, reporting each run as its
+    pack ends."""
     try:
         import submitit
     except ModuleNotFoundError:
@@ -328,17 +337,19 @@ def run_slurm(configs: list[dict], out: Path, workers: int, params: dict, report
         executor.update_parameters(slurm_array_parallelism=workers, name="pathbench", **params)
     except (ValueError, TypeError) as exc:
         raise UserError(f"bad --slurm parameter: {' '.join(str(exc).split())}") from None
-    jobs = executor.map_array(_submitit_job, configs, [str(out)] * len(configs))
-    remaining = dict(zip(jobs, (run_id(config) for config in configs)))
+    jobs = executor.map_array(_submitit_job, packs, [str(out)] * len(packs))
+    remaining = dict(zip(jobs, ([run_id(config) for config in pack] for pack in packs)))
     while remaining:
         for job in [job for job in remaining if job.done()]:
-            name = remaining.pop(job)
+            names = remaining.pop(job)
             try:
-                report(name, job.result())
+                summaries = job.result()
             except Exception as exc:  # the job itself died: timeout, preemption, node failure
-                tqdm.write(f"{name}: job {job.job_id} ended without a record ({exc})",
-                           file=sys.stderr)
-                report(name, None)
+                tqdm.write(f"{', '.join(names)}: job {job.job_id} ended without a record "
+                           f"({exc})", file=sys.stderr)
+                summaries = [None] * len(names)
+            for name, summary in zip(names, summaries):
+                report(name, summary)
         time.sleep(1)
 
 
@@ -362,10 +373,13 @@ def parse_slurm_params(items) -> dict:
 
 
 def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, executor: str,
-              slurm_params: dict, dry_run: bool = False) -> Counter:
-    """Resolve every grid, skip finished runs, run the rest; returns counts by outcome."""
+              slurm_params: dict, pack: int = 1, dry_run: bool = False) -> Counter:
+    """Resolve every grid, skip finished runs, run the rest in packs of up to ``pack`` runs;
+    returns counts by outcome."""
     if workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")
+    if pack < 1:
+        raise UserError(f"--pack must be >= 1, got {pack}")
     device = resolve_device(device) if executor == "local" else device
     if device == "auto":  # on Slurm the compute node decides; presets must then be explicit
         device = "cuda"
@@ -404,7 +418,7 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
 
     # One worker trains in this process; more are separate processes.
     remaining = total - counts["already done"]
-    pool = (LocalPool(min(workers, remaining))
+    pool = (LocalPool(min(workers, -(-remaining // pack)))
             if executor == "local" and workers > 1 and remaining else None)
     try:
         # The grids advance together, one round at a time: a round holds the next wave of every
@@ -420,16 +434,18 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
                 counts["skipped (solved at fewer layers)"] += skipped
                 bar.total -= skipped
                 bar.refresh()
-            todo = in_run_order(todo)
-            if not todo:
+            packs = in_packs(in_run_order(todo), pack)
+            if not packs:
                 continue
             if pool is not None:
-                pool.run(todo, out, report)
+                pool.run(packs, out, report)
             elif executor == "local":
-                for config in todo:
-                    report(run_id(config), _summary(execute_run(config, out, progress=False)))
+                for configs in packs:
+                    records = execute_runs(configs, out, progress=False)
+                    for summary in _summaries(records):
+                        report(summary["run_id"], summary)
             else:
-                run_slurm(todo, out, workers, slurm_params, report)
+                run_slurm(packs, out, workers, slurm_params, report)
     finally:
         if pool is not None:
             pool.close()
@@ -441,6 +457,16 @@ def in_run_order(configs: list[dict]) -> list[dict]:
     """Longest runs first, so that the last ones to finish are short; among equals, seed 0 of
     every configuration before any seed 1, so that a sweep cut short has every cell."""
     return sorted(configs, key=lambda config: (-run_cost(config), config["seed"]))
+
+
+def in_packs(configs: list[dict], size: int) -> list[list[dict]]:
+    """Runs that differ only in seed and learning rate, grouped in packs of up to ``size``, in
+    the order of each pack's first run."""
+    groups: dict[str, list[dict]] = {}
+    for config in configs:
+        groups.setdefault(pack_key(config), []).append(config)
+    return [group[start : start + size] for group in groups.values()
+            for start in range(0, len(group), size)]
 
 
 def run_cost(config: dict) -> int:
@@ -493,6 +519,9 @@ def _waves(grid: Grid, configs: list[dict], out: Path):
 @shared_options
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Runs at once (local processes, or concurrent Slurm jobs).")
+@click.option("--pack", type=int, default=1, show_default=True,
+              help="Train up to N runs that differ only in seed and learning rate as one "
+                   "batched model (keeps a GPU busy with small models).")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
               help="local: worker processes here; slurm: one job per run through submitit.")
 @click.option("--slurm", "slurm_options", multiple=True, metavar="KEY=VALUE",
@@ -503,7 +532,7 @@ def _waves(grid: Grid, configs: list[dict], out: Path):
               help="List the runs as done, todo or skip (solved at fewer layers); run none.")
 @click.pass_context
 def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solved, d_model,
-          steps, batch_size, device, preset, out, sets, workers, executor, slurm_options,
+          steps, batch_size, device, preset, out, sets, workers, pack, executor, slurm_options,
           sweep_file, dry_run):
     """Run a grid of runs over TASK, or the sweeps a --file defines.
 
@@ -529,8 +558,11 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
             grid.sets = [*grid.sets, *sets]
         out = out if given("out") else Path(settings.get("out", out))
         workers = workers if given("workers") else settings.get("workers", workers)
+        pack = pack if given("pack") else settings.get("pack", pack)
         device = device if given("device") else settings.get("device", device)
         executor = executor if given("executor") else settings.get("executor", executor)
+        if isinstance(pack, bool) or not isinstance(pack, int):
+            raise UserError(f"sweep file: pack must be an integer, got {pack!r}")
         if device not in DEVICES or executor not in EXECUTORS:
             raise UserError(f"sweep file: device must be one of {', '.join(DEVICES)} and "
                             f"executor one of {', '.join(EXECUTORS)}")
@@ -540,7 +572,8 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
         grids = [_apply(Grid(task=task, sets=list(sets)), "--", **grid_values)]
 
     counts = run_grids(grids, out=out, device=device, workers=workers, executor=executor,
-                       slurm_params=parse_slurm_params(slurm_options), dry_run=dry_run)
+                       slurm_params=parse_slurm_params(slurm_options), pack=pack,
+                       dry_run=dry_run)
     if dry_run:
         return
     summary = ", ".join(f"{value} {key}" for key, value in counts.items() if value)

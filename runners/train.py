@@ -1,4 +1,4 @@
-"""The training and evaluation loop of one run.
+"""The training and evaluation loop of one run, or of a pack of runs trained as one model.
 
 Training draws fresh batches from ``task.generate``, so a model never sees the same sequence
 twice; the seeds of the draws form a stream derived from the run seed. Evaluation data is fixed
@@ -9,6 +9,11 @@ hash in every record proves it.
 
 Optimisation: AdamW, linear warm-up then cosine decay to zero, global gradient-norm clipping,
 bf16 autocast on CUDA (float32 on CPU). A NaN or infinite loss ends the run as "diverged".
+
+A pack (``pathbench.models.pack``) trains several runs that differ only in seed and learning
+rate as one model, its members stacked along the batch: each kernel then does the work of
+every member, which is how a sweep of small models keeps a GPU busy. Every member keeps its own
+data stream, learning rate, clipping, early stop and record.
 
 On CUDA the optimizer step is captured once as a CUDA graph and replayed (``TrainStep``): the
 benchmark's models are small, and an eager step of them spends most of its time launching
@@ -29,7 +34,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from pathbench.models.pack import is_packed, member_state_dict
 from pathbench.runners.config import TrainConfig
+from pathbench.runners.optimizer import PackedAdamW
 
 IGNORE = -100  # target value of positions that are not scored
 VALIDATION_SEED = 2**32 - 1  # reserved for the validation set; see draw_seed
@@ -78,6 +85,7 @@ class Outcome:
     validation: dict = field(default_factory=dict)  # the last validation metrics
     reason: str | None = None
     dataset_hash: str = ""
+    weights: dict | None = None  # the final state dict ("ok" only)
 
 
 def dataset_hash(datasets: dict) -> str:
@@ -100,26 +108,6 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def make_optimizer(model: torch.nn.Module, train: TrainConfig,
-                   device: torch.device) -> torch.optim.AdamW:
-    # Weight decay on matrices only: decaying gains and biases toward zero only hurts.
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    # A graph-captured step reads the learning rate from device memory, so on CUDA it is a
-    # tensor that TrainStep.set_lr overwrites in place.
-    capturable = device.type == "cuda"
-    lr = torch.tensor(train.lr, device=device) if capturable else train.lr
-    return torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": train.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=lr,
-        betas=(0.9, 0.98),
-        capturable=capturable,
-    )
-
-
 def _autocast(device: torch.device):
     # The autocast weight cache must be off while a CUDA graph is captured.
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda",
@@ -127,32 +115,28 @@ def _autocast(device: torch.device):
 
 
 class TrainStep:
-    """One training step on a batch: forward, loss, backward, clipping and the AdamW update.
+    """One training step of a pack of E models (``pathbench.models.pack``; E = 1 for one run):
+    forward on the members' stacked batches, each member's loss, backward, and the optimizer's
+    per-member clipping and AdamW update.
 
-    Calling it returns the step's loss (a device tensor) and adds the step's correct and
-    scored target counts to ``correct`` and ``scored``. On CUDA the first EAGER_CUDA_STEPS
-    steps run eagerly on a side stream (lazy initialisation, the Triton kernel's choice of
-    launch configuration), the next one is captured as a CUDA graph, and every later step
-    replays that graph on fresh data copied into the captured input buffers: the same
-    computation, without the per-kernel launch cost of Python.
+    Calling it with inputs and targets [E * B, T] returns the members' losses [E] (a device
+    tensor) and adds each member's correct and scored target counts to ``correct`` and
+    ``scored`` [E]. On CUDA the first EAGER_CUDA_STEPS steps run eagerly on a side stream (lazy
+    initialisation, the Triton kernel's choice of launch configuration), the next one is
+    captured as a CUDA graph, and every later step replays that graph on fresh data copied into
+    the captured input buffers: the same computation, without the per-kernel launch cost of
+    Python.
     """
 
     EAGER_CUDA_STEPS = 3
 
-    def __init__(self, model, optimizer, grad_clip: float, device: torch.device):
-        self.model, self.optimizer, self.grad_clip = model, optimizer, grad_clip
-        self.device = device
-        self.correct = torch.zeros((), dtype=torch.long, device=device)
-        self.scored = torch.zeros((), dtype=torch.long, device=device)
+    def __init__(self, model, optimizer: PackedAdamW, device: torch.device):
+        self.model, self.optimizer, self.device = model, optimizer, device
+        self.members = optimizer.members
+        self.correct = torch.zeros(self.members, dtype=torch.long, device=device)
+        self.scored = torch.zeros(self.members, dtype=torch.long, device=device)
         self.steps_taken = 0
         self.graph = None
-
-    def set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            if isinstance(group["lr"], torch.Tensor):
-                group["lr"].fill_(lr)
-            else:
-                group["lr"] = lr
 
     def __call__(self, inputs, targets) -> torch.Tensor:
         self.steps_taken += 1
@@ -162,51 +146,56 @@ class TrainStep:
             self.graph_inputs.copy_(inputs)
             self.graph_targets.copy_(targets)
             self.graph.replay()
-            return self.graph_loss.clone()  # the next replay overwrites graph_loss
+            return self.graph_losses.clone()  # the next replay overwrites graph_losses
         if self.steps_taken <= self.EAGER_CUDA_STEPS:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
-                loss = self._step(inputs, targets)
+                losses = self._step(inputs, targets)
             torch.cuda.current_stream(self.device).wait_stream(side)
-            return loss
+            return losses
         # Capturing records the step without running it; the replay below runs it.
-        # Gradients are set to None (not zeroed) first, so that the captured backward allocates
-        # them in the graph's memory and every replay writes them afresh.
         self.graph_inputs, self.graph_targets = inputs.clone(), targets.clone()
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.graph_loss = self._step(self.graph_inputs, self.graph_targets)
+            self.graph_losses = self._step(self.graph_inputs, self.graph_targets)
         self.graph.replay()
-        return self.graph_loss.clone()
+        return self.graph_losses.clone()
 
     def _step(self, inputs, targets) -> torch.Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         with _autocast(self.device):
             logits = self.model(inputs)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
-                               ignore_index=IGNORE)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        token_losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                                       ignore_index=IGNORE, reduction="none")
+        scored = (targets != IGNORE).view(self.members, -1)
+        # Each member's mean over its scored targets, as cross_entropy's own mean would be.
+        losses = token_losses.view(self.members, -1).sum(1) / scored.sum(1)
+        losses.sum().backward()  # the members share no weights: each gets its own gradient
         self.optimizer.step()
-        mask = targets != IGNORE
-        self.correct += ((logits.argmax(dim=-1) == targets) & mask).sum()
-        self.scored += mask.sum()
-        return loss.detach()
+        hits = (logits.argmax(dim=-1) == targets).view(self.members, -1) & scored
+        self.correct += hits.sum(1)
+        self.scored += scored.sum(1)
+        return losses.detach()
 
 
 @torch.no_grad()
-def evaluate(model, task, dataset, split: str, batch_size: int, device: torch.device) -> dict:
-    """Task metrics of the model's argmax predictions on one fixed dataset."""
+def evaluate(model, members: int, task, dataset, split: str, batch_size: int,
+             device: torch.device) -> list[dict]:
+    """Task metrics of each member's argmax predictions on one fixed dataset (every member
+    reads the same sequences)."""
     model.eval()
     inputs = torch.from_numpy(dataset.inputs).to(device)
     predictions = []
     for start in range(0, len(inputs), batch_size):
+        chunk = inputs[start : start + batch_size]
         with _autocast(device):
-            predictions.append(model(inputs[start : start + batch_size]).argmax(dim=-1))
+            logits = model(chunk.repeat(members, 1))
+        predictions.append(logits.argmax(dim=-1).view(members, *chunk.shape))
     model.train()
-    predictions = torch.cat(predictions).cpu().numpy()
-    return to_jsonable(task.metrics(predictions, dataset.targets, split))
+    predictions = torch.cat(predictions, dim=1).cpu().numpy()
+    return [to_jsonable(task.metrics(member_predictions, dataset.targets, split))
+            for member_predictions in predictions]
 
 
 def to_jsonable(value):
@@ -220,86 +209,140 @@ def to_jsonable(value):
     return value
 
 
-def train(model, task, train_config: TrainConfig, seed: int, device: torch.device,
-          curve, progress: bool = True, label: str = "train") -> Outcome:
-    """Train ``model`` on ``task``, evaluate it on every evaluation split, return the outcome.
+@dataclass
+class Member:
+    """One run of a pack: its seed (training data), peak learning rate, and curve writer."""
 
-    ``curve`` receives one point per validation check: the step, the learning rate, the mean
-    training loss and accuracy since the previous point, and the validation metrics.
+    seed: int
+    lr: float
+    curve: list  # receives one dict per validation check (a store.CurveWriter, or a list)
+
+
+def train(model, task, train_config: TrainConfig, members: list[Member], device: torch.device,
+          progress: bool = True, label: str = "train") -> list[Outcome]:
+    """Train ``model`` on ``task`` and evaluate it on every evaluation split; one outcome per
+    member.
+
+    ``model`` is one model (one member) or a pack of ``len(members)`` models
+    (``pathbench.models.pack``). Each member trains exactly as alone: its own data stream, its
+    own learning rate, clipping, early stop and divergence check. A member that is done (early
+    stop, divergence) is evaluated at once, its weights are kept in its outcome, and it is
+    frozen (learning rate 0) while the others train on.
+
+    Each member's ``curve`` receives one point per validation check: the step, the learning
+    rate, the mean training loss and accuracy since the previous point, and the validation
+    metrics.
     """
-    config = train_config
-    primary = task.primary_metric
+    config, primary, count = train_config, task.primary_metric, len(members)
     validation_set = task.generate(config.eval_num, VALIDATION_SEED, task.splits[0])
     evaluation_sets = {
         split: task.generate(config.eval_num, EVALUATION_SEED, split) for split in task.splits[1:]
     }
     data_hash = dataset_hash({"validation": validation_set, **evaluation_sets})
+    packed = is_packed(model)
 
     model.to(device).train()
-    step_fn = TrainStep(model, make_optimizer(model, config, device), config.grad_clip, device)
+    optimizer = PackedAdamW(model, [member.lr for member in members], config.weight_decay,
+                            config.grad_clip, member_axis=packed)
+    step_fn = TrainStep(model, optimizer, device)
     correct, scored = step_fn.correct, step_fn.scored
+
+    def weights(member: int) -> dict:
+        if not packed:
+            return {name: value.detach().clone() for name, value in model.state_dict().items()}
+        return member_state_dict(model, member)
+
+    outcomes: list[Outcome | None] = [None] * count
+    validation: list[dict] = [{} for _ in members]
+
+    def finish(member: int, outcome: Outcome, metrics=None) -> None:
+        optimizer.freeze(member)
+        if outcome.status == "ok":
+            outcome.metrics = metrics[member]
+            outcome.weights = weights(member)
+        outcome.validation, outcome.dataset_hash = validation[member], data_hash
+        outcomes[member] = outcome
+
+    def final_metrics() -> list[dict]:
+        per_split = {split: evaluate(model, count, task, dataset, split, config.batch_size,
+                                     device) for split, dataset in evaluation_sets.items()}
+        return [{split: rows[member] for split, rows in per_split.items()}
+                for member in range(count)]
+
     # Statistics stay on the device and are read back every LOSS_READ_EVERY steps: reading a
     # value each step would stall the GPU queue at every step.
     unread_losses: list[torch.Tensor] = []
-    loss_sum, interval_steps, last_loss = 0.0, 0, math.nan
-    validation: dict = {}
-    stopped_early = False
+    loss_sums, interval_steps = [0.0] * count, 0
     bar = tqdm(total=config.steps, desc=label, disable=not progress, dynamic_ncols=True,
                mininterval=0.5)
     start = time.perf_counter()
-    batches = training_batches(task, config.batch_size, seed, device)
+    streams = [training_batches(task, config.batch_size, member.seed, device)
+               for member in members]
     step = 0
     for step in range(1, config.steps + 1):
-        lr = config.lr * lr_factor(step - 1, config.steps, config.warmup)
-        step_fn.set_lr(lr)
-        unread_losses.append(step_fn(*next(batches)))
+        factor = lr_factor(step - 1, config.steps, config.warmup)
+        optimizer.set_lr_factor(factor)
+        batches = [next(stream) for stream in streams]
+        unread_losses.append(step_fn(torch.cat([inputs for inputs, _ in batches]),
+                                     torch.cat([targets for _, targets in batches])))
 
         evaluate_now = step % config.eval_every == 0 or step == config.steps
         if len(unread_losses) < LOSS_READ_EVERY and not evaluate_now:
             continue
-        losses = torch.stack(unread_losses).tolist()
+        losses = torch.stack(unread_losses).tolist()  # [steps read, members]
         unread_losses.clear()
-        for offset, value in enumerate(losses):
-            if not math.isfinite(value):
-                bar.close()
-                batches.close()
-                bad_step = step - len(losses) + 1 + offset
-                return Outcome("diverged", bad_step, False, validation=validation,
-                               reason=f"loss became {value} at step {bad_step}",
-                               dataset_hash=data_hash)
-        loss_sum += sum(losses)
+        for member in range(count):
+            if outcomes[member] is not None:
+                continue
+            bad = [offset for offset, row in enumerate(losses) if not math.isfinite(row[member])]
+            if bad:
+                bad_step = step - len(losses) + 1 + bad[0]
+                reason = f"loss became {losses[bad[0]][member]} at step {bad_step}"
+                finish(member, Outcome("diverged", bad_step, False, reason=reason))
+            loss_sums[member] += sum(row[member] for row in losses)
         interval_steps += len(losses)
-        last_loss = losses[-1]
         bar.update(len(losses))
-        bar.set_postfix(loss=f"{last_loss:.4f}",
-                        acc=f"{correct.item() / max(1, scored.item()):.3f}",
-                        **({"val": f"{validation[primary]:.3f}"} if validation else {}))
+        accuracies = (correct / scored.clamp(min=1)).tolist()
+        if all(outcome is not None for outcome in outcomes):
+            break
+        running = [member for member in range(count) if outcomes[member] is None]
+        bar.set_postfix(loss=f"{min(losses[-1][m] for m in running):.4f}",
+                        acc=f"{max(accuracies[m] for m in running):.3f}")
         if not evaluate_now:
             continue
 
-        validation = evaluate(model, task, validation_set, task.splits[0],
-                              config.batch_size, device)
-        curve.append({
-            "step": step,
-            "lr": lr,
-            "loss": loss_sum / interval_steps,
-            "accuracy": correct.item() / max(1, scored.item()),
-            "validation": validation,
-            "elapsed_s": round(time.perf_counter() - start, 3),
-        })
-        loss_sum, interval_steps = 0.0, 0
+        checked = evaluate(model, count, task, validation_set, task.splits[0],
+                           config.batch_size, device)
+        stopped = []
+        for member in running:
+            validation[member] = checked[member]
+            members[member].curve.append({
+                "step": step,
+                "lr": members[member].lr * factor,
+                "loss": loss_sums[member] / interval_steps,
+                "accuracy": accuracies[member],
+                "validation": checked[member],
+                "elapsed_s": round(time.perf_counter() - start, 3),
+            })
+            if config.early_stop is not None and checked[member][primary] >= config.early_stop:
+                stopped.append(member)
+        loss_sums, interval_steps = [0.0] * count, 0
         correct.zero_()
         scored.zero_()
-        bar.set_postfix(loss=f"{last_loss:.4f}", val=f"{validation[primary]:.3f}")
-        if config.early_stop is not None and validation[primary] >= config.early_stop:
-            stopped_early = step < config.steps
-            break
+        bar.set_postfix(val=f"{max(checked[m][primary] for m in running):.3f}")
+        if stopped and step < config.steps:
+            metrics = final_metrics()
+            for member in stopped:
+                finish(member, Outcome("ok", step, True), metrics)
+            if all(outcome is not None for outcome in outcomes):
+                break
     bar.close()
-    batches.close()  # stops the background draw
+    for stream in streams:
+        stream.close()  # stops the background draw
 
-    metrics = {
-        split: evaluate(model, task, dataset, split, config.batch_size, device)
-        for split, dataset in evaluation_sets.items()
-    }
-    return Outcome("ok", step, stopped_early, metrics=metrics, validation=validation,
-                   dataset_hash=data_hash)
+    if any(outcome is None for outcome in outcomes):
+        metrics = final_metrics()
+        for member in range(count):
+            if outcomes[member] is None:
+                finish(member, Outcome("ok", step, False), metrics)
+    return outcomes

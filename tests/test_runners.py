@@ -273,34 +273,39 @@ def test_graph_replayed_training_matches_eager_training_on_cuda(attention):
     import torch
 
     from pathbench.models import build_model, model_config
-    from pathbench.runners.train import TrainStep, make_optimizer
+    from pathbench.models.pack import pack_models
+    from pathbench.runners.optimizer import PackedAdamW
+    from pathbench.runners.train import TrainStep
     from pathbench.tasks import make_task
 
     task = make_task("a5", {"length": 20})
-    data = task.generate(12 * 32, seed=5, split="train")
-    inputs = torch.from_numpy(data.inputs).cuda().view(12, 32, -1)
-    targets = torch.from_numpy(data.targets).cuda().view(12, 32, -1)
+    data = task.generate(12 * 64, seed=5, split="train")
+    inputs = torch.from_numpy(data.inputs).cuda().view(12, 64, -1)  # two members' batches
+    targets = torch.from_numpy(data.targets).cuda().view(12, 64, -1)
     device = torch.device("cuda")
     runs = []
     for eager in (False, True):
-        torch.manual_seed(0)
-        model = build_model(model_config({"attention": attention, "layers": 2, "heads": 2,
-                                          "d_model": 64, "vocab_size": len(task.vocab)}))
-        model.cuda()
-        step = TrainStep(model, make_optimizer(model, train_config({"lr": 3e-3}), device),
-                         grad_clip=1.0, device=device)
+        models = []
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            models.append(build_model(model_config({
+                "attention": attention, "layers": 2, "heads": 2, "d_model": 64,
+                "vocab_size": len(task.vocab)})))
+        model = pack_models(models).cuda()
+        step = TrainStep(model, PackedAdamW(model, [3e-3, 1e-3], weight_decay=0.1,
+                                            grad_clip=1.0, member_axis=True), device)
         if eager:
             step.EAGER_CUDA_STEPS = len(inputs)
         losses = []
         for i in range(len(inputs)):
-            step.set_lr(3e-3 * (i + 1) / len(inputs))
+            step.optimizer.set_lr_factor((i + 1) / len(inputs))
             losses.append(step(inputs[i], targets[i]))
         assert (step.graph is None) == eager
         runs.append((torch.stack(losses).cpu(), torch.cat([p.detach().flatten().float()
                                                           for p in model.parameters()]).cpu(),
-                     step.scored.item(), step.correct.item()))
+                     step.scored.cpu(), step.correct.cpu()))
     (graph_losses, graph_params, graph_scored, _), (eager_losses, eager_params, scored, _) = runs
-    assert graph_scored == scored == 12 * 32 * 20
+    assert graph_scored.tolist() == scored.tolist() == [12 * 32 * 20] * 2
     torch.testing.assert_close(graph_losses, eager_losses, rtol=2e-3, atol=0)
     torch.testing.assert_close(graph_params, eager_params, rtol=2e-3, atol=2e-4)
     assert not torch.equal(eager_losses[0], eager_losses[-1])  # it trained

@@ -5,6 +5,7 @@ plot and inspect, and one-line errors for bad input."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 import os
 import signal
 import subprocess
@@ -172,6 +173,37 @@ def test_sweep_file_resume_results_plot_inspect(tmp_path, capsys):
     run_dir = next(out.glob("flipflop-path-*"))
     code, stdout, _ = cli(capsys, "inspect", run_dir, "--tokens", "16")
     assert code == 0 and (run_dir / "attention.png").stat().st_size > 0
+
+
+def test_packed_sweep_records_every_run_as_its_own(tmp_path, capsys):
+    out = tmp_path / "runs"
+    # 2 models x 2 learning rates x 3 seeds = 12 runs in packs of up to 4: each model's six
+    # runs make a pack of four and one of two.
+    code, stdout, stderr = cli(capsys, "sweep", "flipflop", "--models", "path,nope",
+                               "--lrs", "1e-3,3e-3", "--seeds", "0-2", "--pack", "4", *TINY,
+                               "--out", out)
+    assert code == 0, stderr
+    assert "12 ok" in stdout
+    records = results_of(out)
+    assert len(records) == 12
+    packs = Counter(tuple(record["provenance"]["pack"]) for record in records.values())
+    assert sorted(len(pack) for pack in packs) == [2, 2, 4, 4]
+    assert all(count == len(pack) for pack, count in packs.items())
+    for name, record in records.items():
+        assert name in record["provenance"]["pack"] and (out / name / "model.pt").exists()
+        assert record["steps"] == 4 and record["metrics"].keys() == {"test", "sparse", "dense"}
+    # A pack is an execution detail: the same command without packs finds every run done.
+    code, stdout, _ = cli(capsys, "sweep", "flipflop", "--models", "path,nope",
+                          "--lrs", "1e-3,3e-3", "--seeds", "0-2", *TINY, "--out", out)
+    assert code == 0 and "12 already done" in stdout
+
+
+@pytest.mark.parametrize("pack, message", [("0", "--pack must be >= 1, got 0"),
+                                           ("two", "Invalid value for '--pack'")])
+def test_bad_pack_size_is_a_one_line_error(tmp_path, capsys, pack, message):
+    code, _, stderr = cli(capsys, "sweep", "flipflop", "--pack", pack, *TINY,
+                          "--out", tmp_path / "runs")
+    assert code == 2 and message in stderr and "Traceback" not in stderr
 
 
 def test_corrupt_record_errors_in_results_and_is_redone_by_the_sweep(tmp_path, capsys):

@@ -1,13 +1,14 @@
 """What one training step of the paper sweep costs on a GPU (its output is step_cost.log).
 
 Run from the repository root on a GPU:
-    python3 results/paper/step_cost.py alone a5:path:1 mqrar:sba:2 ...   # TASK:MODEL:LAYERS
-    python3 results/paper/step_cost.py together 12,24 a5:path:2 ...      # under CUDA MPS
+    python3 results/paper/step_cost.py alone a5:path:1 mqrar:sba:2:3 ...  # TASK:MODEL:LAYERS[:PACK]
+    python3 results/paper/step_cost.py together 12,24 a5:path:2 ...       # under CUDA MPS
 `alone`: ms per step of graph-replayed training steps with nothing else on the GPU, and the
 kernels of one eager step (count, summed GPU time, the five costliest). `together`: K
 processes replay the same step side by side for 6 s; the aggregate steps per second give the
-GPU time per step when the GPU is shared, as in the sweep's workers. Shapes as in
-runners/sweeps/word_problems.toml and mqrar.toml.
+GPU time per step when the GPU is shared, as in the sweep's workers. PACK (default 1) trains
+that many runs as one packed model (pathbench.models.pack), as `pathbench sweep --pack` does;
+"per run" divides by it. Shapes as in runners/sweeps/word_problems.toml and mqrar.toml.
 """
 
 import json
@@ -19,14 +20,21 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from pathbench.models import build_model, model_config
+from pathbench.models.pack import pack_models
 from pathbench.runners.config import parse_sets, resolve_run, train_config
-from pathbench.runners.train import TrainStep, make_optimizer, training_batches
+from pathbench.runners.optimizer import PackedAdamW
+from pathbench.runners.train import TrainStep, training_batches
 from pathbench.tasks import make_task
 
 
+def pack_size(spec):
+    return int(spec.split(":")[3]) if spec.count(":") == 3 else 1
+
+
 def training_step(spec):
-    """A CUDA-graph training step of TASK:MODEL:LAYERS and ten batches for it."""
-    task_name, model, layers = spec.split(":")
+    """A CUDA-graph training step of TASK:MODEL:LAYERS[:PACK] and ten batches for it."""
+    task_name, model, layers = spec.split(":")[:3]
+    members = pack_size(spec)
     if task_name == "mqrar":
         options = dict(model=model, layers=int(layers), heads=2, d_model=256, batch_size=64, steps=1000)
         sets = parse_sets(["task.length=768", "task.num_keys=32"])
@@ -37,10 +45,14 @@ def training_step(spec):
     task = make_task(config["task"]["name"], config["task"]["config"])
     torch.manual_seed(0)
     device = torch.device("cuda")
-    net = build_model(model_config(config["model"])).to(device).train()
+    net = pack_models([build_model(model_config(config["model"])) for _ in range(members)])
+    net = net.to(device).train()
     train = train_config(config["train"])
-    step = TrainStep(net, make_optimizer(net, train, device), train.grad_clip, device)
-    batches = training_batches(task, train.batch_size, 0, device)
+    optimizer = PackedAdamW(net, [train.lr] * members, train.weight_decay, train.grad_clip,
+                            member_axis=True)
+    optimizer.set_lr_factor(1.0)
+    step = TrainStep(net, optimizer, device)
+    batches = training_batches(task, train.batch_size * members, 0, device)
     for _ in range(TrainStep.EAGER_CUDA_STEPS + 3):  # eager steps, capture, replays
         step(*next(batches))
     torch.cuda.synchronize()
@@ -62,7 +74,8 @@ def alone(spec):
     for e in kernels:
         by_name[e.name[:50]] = by_name.get(e.name[:50], 0) + e.device_time
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:5]
-    print(f"{spec:22s} replay {ms:6.2f} ms/step  eager kernels {len(kernels):4d}  "
+    print(f"{spec:22s} replay {ms:6.2f} ms/step ({ms / pack_size(spec):5.2f} per run)  "
+          f"eager kernels {len(kernels):4d}  "
           f"kernel-sum {sum(e.device_time for e in kernels) / 1e3:6.2f} ms  top: "
           + "; ".join(f"{name} {us / 1e3:.2f}" for name, us in top), flush=True)
 
@@ -91,8 +104,9 @@ def together(spec, k, seconds=6.0):
     rate = sum(r["steps"] / r["s"] for r in (json.loads(p.stdout.readline()) for p in procs))
     for p in procs:
         p.wait()
-    print(f"{spec:22s} K={k:3d}  aggregate {rate:8.1f} steps/s  = {1e3 / rate:6.3f} ms GPU per step; "
-          f"per worker {1e3 * k / rate:6.1f} ms/step", flush=True)
+    print(f"{spec:22s} K={k:3d}  aggregate {rate:8.1f} steps/s  = {1e3 / rate:6.3f} ms GPU per step "
+          f"({1e3 / rate / pack_size(spec):6.3f} per run); per worker {1e3 * k / rate:6.1f} ms/step",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,139 @@
+"""The training loop on the CPU: the packed optimizer against torch's AdamW, and a pack of runs
+against the same runs trained one by one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pathbench.models import build_model, model_config
+from pathbench.models.pack import member_state_dict, pack_models
+from pathbench.runners.config import train_config
+from pathbench.runners.optimizer import PackedAdamW
+from pathbench.runners.train import Member, train
+from pathbench.tasks import make_task
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def small_model(attention="path", seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    config = model_config({"attention": attention, "vocab_size": 11, "layers": 2, "heads": 2,
+                           "d_model": 16})
+    return build_model(config).to(dtype)
+
+
+def random_gradients(model, scale, generator):
+    for p in model.parameters():
+        p.grad = scale * torch.randn(p.shape, dtype=p.dtype, generator=generator)
+
+
+def test_packed_adamw_is_torch_adamw_with_global_norm_clipping():
+    ours, theirs = small_model(dtype=torch.float64), small_model(dtype=torch.float64)
+    optimizer = PackedAdamW(ours, [1e-3], weight_decay=0.1, grad_clip=1.0, member_axis=False)
+    decay = [p for p in theirs.parameters() if p.ndim >= 2]
+    no_decay = [p for p in theirs.parameters() if p.ndim < 2]
+    reference = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=1e-3, betas=(0.9, 0.98))
+    for step, scale in enumerate([0.01, 0.2, 5.0, 0.05]):  # clipping acts at 0.2 and 5
+        lr = 1e-3 * (step + 1)
+        optimizer.zero_grad()
+        random_gradients(ours, scale, torch.Generator().manual_seed(step))
+        optimizer.grads.copy_(torch.cat([p.grad.flatten() for p in ours.parameters()])[None])
+        optimizer.set_lr_factor(step + 1)
+        optimizer.step()
+        random_gradients(theirs, scale, torch.Generator().manual_seed(step))
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
+        for group in reference.param_groups:
+            group["lr"] = lr
+        reference.step()
+    for (name, mine), theirs_p in zip(ours.named_parameters(), theirs.parameters()):
+        torch.testing.assert_close(mine, theirs_p, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_gradients_of_a_backward_land_in_the_flat_buffer():
+    model = small_model()
+    optimizer = PackedAdamW(model, [1e-3], weight_decay=0.1, grad_clip=1.0, member_axis=False)
+    model(torch.randint(0, 11, (2, 5))).square().mean().backward()
+    flat = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert torch.equal(optimizer.grads[0], flat) and flat.abs().sum() > 0
+
+
+TASK = make_task("flipflop", {"length": 16})
+CONFIG = train_config({"steps": 30, "batch_size": 8, "warmup": 5, "eval_every": 10,
+                       "eval_num": 32, "early_stop": None})
+
+
+def train_alone(attention, seed, lr):
+    model = small_model(attention, seed)
+    curve = []
+    outcome, = train(model, TASK, CONFIG, [Member(seed, lr, curve)], torch.device("cpu"),
+                     progress=False)
+    return outcome, curve
+
+
+@pytest.mark.parametrize("attention", ["rope", "path_fox"])
+def test_a_pack_trains_each_member_as_it_would_train_alone(attention):
+    runs = [(0, 3e-3), (1, 3e-3), (0, 1e-3)]
+    packed = pack_models([small_model(attention, seed) for seed, _ in runs])
+    curves = [[] for _ in runs]
+    outcomes = train(packed, TASK, CONFIG, [Member(seed, lr, curve)
+                                           for (seed, lr), curve in zip(runs, curves)],
+                     torch.device("cpu"), progress=False)
+    for (seed, lr), outcome, curve in zip(runs, outcomes, curves):
+        alone, alone_curve = train_alone(attention, seed, lr)
+        assert outcome.status == alone.status == "ok" and outcome.steps == alone.steps == 30
+        assert [point["step"] for point in curve] == [10, 20, 30]
+        for point, alone_point in zip(curve, alone_curve):
+            assert math.isclose(point["loss"], alone_point["loss"], rel_tol=1e-4)
+            assert point["lr"] == alone_point["lr"]
+        for name, value in alone.weights.items():
+            torch.testing.assert_close(outcome.weights[name], value, rtol=1e-4, atol=1e-5,
+                                       msg=name)
+        assert outcome.metrics.keys() == alone.metrics.keys()
+    # The members really differ: different seeds, different learning rates.
+    assert not torch.equal(outcomes[0].weights["head.weight"], outcomes[1].weights["head.weight"])
+    assert not torch.equal(outcomes[0].weights["head.weight"], outcomes[2].weights["head.weight"])
+
+
+def test_a_diverging_member_leaves_the_others_untouched():
+    packed = pack_models([small_model("path", 0), small_model("path", 1)])
+    outcomes = train(packed, TASK, CONFIG, [Member(0, 3e-3, []), Member(1, math.inf, [])],
+                     torch.device("cpu"), progress=False)
+    assert outcomes[1].status == "diverged" and outcomes[1].steps <= 2, outcomes[1]
+    assert "loss became nan" in outcomes[1].reason
+    alone, _ = train_alone("path", 0, 3e-3)
+    assert outcomes[0].status == "ok" and outcomes[0].steps == 30
+    for name, value in alone.weights.items():
+        torch.testing.assert_close(outcomes[0].weights[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_an_early_stopped_member_is_frozen_while_the_others_train_on(monkeypatch):
+    import pathbench.runners.train as training
+
+    real_evaluate = training.evaluate
+
+    def member_0_solves_validation(model, members, task, dataset, split, *args):
+        metrics = real_evaluate(model, members, task, dataset, split, *args)
+        if split == task.splits[0]:  # the validation set; the evaluation splits stay real
+            metrics[0] = {**metrics[0], task.primary_metric: 1.0}
+        return metrics
+
+    monkeypatch.setattr(training, "evaluate", member_0_solves_validation)
+    config = train_config({**vars(CONFIG), "early_stop": 0.99})
+    packed = pack_models([small_model("nope", 0), small_model("nope", 1)])
+    curves = [[], []]
+    outcomes = train(packed, TASK, config, [Member(0, 3e-3, curves[0]),
+                                            Member(1, 3e-3, curves[1])],
+                     torch.device("cpu"), progress=False)
+    assert [(o.status, o.steps, o.stopped_early) for o in outcomes] == [
+        ("ok", 10, True), ("ok", 30, False)]
+    assert [len(curve) for curve in curves] == [1, 3]
+    frozen, trained_on = member_state_dict(packed, 0), member_state_dict(packed, 1)
+    for name, value in outcomes[0].weights.items():
+        assert torch.equal(frozen[name], value), name  # unchanged since its stop at step 10
+    assert all(torch.equal(trained_on[name], value) for name, value in outcomes[1].weights.items())
+    assert outcomes[0].metrics.keys() == outcomes[1].metrics.keys() == {"test", "sparse", "dense"}
