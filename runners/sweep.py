@@ -9,8 +9,9 @@ the rest and retries the failures.
 
 ``--pack N`` trains up to N runs that differ only in seed and learning rate as one model
 (``pathbench.models.pack``): a small model's step is hundreds of kernels too small to fill a
-GPU, and a pack's kernels do the work of all its runs for about the time of one. Every run
-still has its own record, exactly as if it had trained alone.
+GPU, and a pack's kernels do the work of all its runs in less time than they take one by one.
+Models large enough to fill the GPU gain nothing and need N times the memory. Every run still
+has its own record, exactly as if it had trained alone.
 
 Executors:
 
@@ -83,6 +84,7 @@ class Grid:
     sets: list[str] = field(default_factory=list)
     grid: dict[str, list[str]] = field(default_factory=dict)  # "task.n_back" -> ["1", "2"]
     until_solved: bool = False
+    pack: int = 1  # runs trained as one model (those differing only in seed and lr)
 
     def configs(self, device: str) -> list[dict]:
         """Every grid point, resolved; duplicates (same run id) appear once."""
@@ -130,7 +132,7 @@ def _is_setting_key(key: str) -> bool:
 
 # --- sweep files ----------------------------------------------------------------------------
 
-FILE_KEYS = {"include", "sweep", "out", "workers", "pack", "device", "executor"}
+FILE_KEYS = {"include", "sweep", "out", "workers", "device", "executor"}
 TABLE_KEYS = {f.name for f in fields(Grid)} - {"sets"} | {"set"}
 
 
@@ -160,8 +162,7 @@ def load_sweep_file(path: Path, seen: tuple = ()) -> tuple[dict, list[Grid]]:
     if unknown:
         raise UserError(f"sweep file {path}: unknown key {sorted(unknown)[0]!r}; valid keys: "
                         f"{', '.join(sorted(FILE_KEYS))}")
-    settings = {key: data[key] for key in ("out", "workers", "pack", "device", "executor")
-                if key in data}
+    settings = {key: data[key] for key in ("out", "workers", "device", "executor") if key in data}
     grids = []
     for included in data.get("include", []):
         included_settings, included_grids = load_sweep_file(path.parent / included,
@@ -202,7 +203,7 @@ def _grid_from_table(table: dict, where: str) -> Grid:
                   sets=sets,
                   grid={key: [str(v) for v in (values if isinstance(values, list) else [values])]
                         for key, values in grid_table.items()},
-                  until_solved=table.get("until_solved"))
+                  until_solved=table.get("until_solved"), pack=table.get("pack"))
 
 
 def _apply(target: Grid, prefix: str, **values) -> Grid:
@@ -220,9 +221,11 @@ def _apply(target: Grid, prefix: str, **values) -> Grid:
             continue
         if key in parsers:
             value = parsers[key](value)
-        elif key in ("d_model", "steps", "batch_size") and (
+        elif key in ("d_model", "steps", "batch_size", "pack") and (
                 isinstance(value, bool) or not isinstance(value, int)):
             raise UserError(f"{prefix}{key} must be an integer, got {value!r}")
+        elif key == "pack" and value < 1:
+            raise UserError(f"{prefix}pack must be >= 1, got {value}")
         elif key == "preset" and value not in PRESETS:
             raise UserError(f"{prefix}preset: unknown preset {value!r}; valid choices: "
                             f"{', '.join(PRESETS)}")
@@ -373,13 +376,11 @@ def parse_slurm_params(items) -> dict:
 
 
 def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, executor: str,
-              slurm_params: dict, pack: int = 1, dry_run: bool = False) -> Counter:
-    """Resolve every grid, skip finished runs, run the rest in packs of up to ``pack`` runs;
-    returns counts by outcome."""
+              slurm_params: dict, dry_run: bool = False) -> Counter:
+    """Resolve every grid, skip finished runs, run the rest (in packs of up to each grid's
+    ``pack`` runs); returns counts by outcome."""
     if workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")
-    if pack < 1:
-        raise UserError(f"--pack must be >= 1, got {pack}")
     device = resolve_device(device) if executor == "local" else device
     if device == "auto":  # on Slurm the compute node decides; presets must then be explicit
         device = "cuda"
@@ -418,7 +419,7 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
 
     # One worker trains in this process; more are separate processes.
     remaining = total - counts["already done"]
-    pool = (LocalPool(min(workers, -(-remaining // pack)))
+    pool = (LocalPool(min(workers, remaining))
             if executor == "local" and workers > 1 and remaining else None)
     try:
         # The grids advance together, one round at a time: a round holds the next wave of every
@@ -426,15 +427,16 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
         # that the workers stay busy across grids.
         waves = [_waves(grid, configs, out) for grid, configs in planned]
         for round_waves in itertools.zip_longest(*waves, fillvalue=([], [])):
-            todo = [config for wave, _ in round_waves for config in wave
-                    if not _is_done(out / run_id(config))]
-            skipped = sum(not _is_done(out / run_id(config))
-                          for _, dropped in round_waves for config in dropped)
-            if skipped:
-                counts["skipped (solved at fewer layers)"] += skipped
-                bar.total -= skipped
-                bar.refresh()
-            packs = in_packs(in_run_order(todo), pack)
+            packs = []
+            for grid, (wave, dropped) in zip(grids, round_waves):
+                skipped = sum(not _is_done(out / run_id(config)) for config in dropped)
+                if skipped:
+                    counts["skipped (solved at fewer layers)"] += skipped
+                    bar.total -= skipped
+                    bar.refresh()
+                todo = [config for config in wave if not _is_done(out / run_id(config))]
+                packs += in_packs(in_run_order(todo), grid.pack)
+            packs = in_run_order(packs)
             if not packs:
                 continue
             if pool is not None:
@@ -453,10 +455,15 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
     return counts
 
 
-def in_run_order(configs: list[dict]) -> list[dict]:
+def in_run_order(items: list) -> list:
     """Longest runs first, so that the last ones to finish are short; among equals, seed 0 of
-    every configuration before any seed 1, so that a sweep cut short has every cell."""
-    return sorted(configs, key=lambda config: (-run_cost(config), config["seed"]))
+    every configuration before any seed 1, so that a sweep cut short has every cell. Items are
+    configs, or packs of them (ordered by their first)."""
+    def key(item):
+        config = item[0] if isinstance(item, list) else item
+        return -run_cost(config), config["seed"]
+
+    return sorted(items, key=key)
 
 
 def in_packs(configs: list[dict], size: int) -> list[list[dict]]:
@@ -519,9 +526,9 @@ def _waves(grid: Grid, configs: list[dict], out: Path):
 @shared_options
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Runs at once (local processes, or concurrent Slurm jobs).")
-@click.option("--pack", type=int, default=1, show_default=True,
+@click.option("--pack", type=int, default=None,
               help="Train up to N runs that differ only in seed and learning rate as one "
-                   "batched model (keeps a GPU busy with small models).")
+                   "batched model (keeps a GPU busy with small models). Default 1.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
               help="local: worker processes here; slurm: one job per run through submitit.")
 @click.option("--slurm", "slurm_options", multiple=True, metavar="KEY=VALUE",
@@ -546,7 +553,7 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
     grid_values = dict(models=models, layers=layers, heads=heads, lrs=lrs, d_model=d_model,
                        steps=steps, batch_size=batch_size, preset=preset,
                        grid=parse_grid_options(grid_options) or None,
-                       until_solved=until_solved, seeds=seeds)
+                       until_solved=until_solved, seeds=seeds, pack=pack)
     if sweep_file is not None:
         if task is not None:
             raise UserError("give either TASK or --file, not both")
@@ -558,11 +565,8 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
             grid.sets = [*grid.sets, *sets]
         out = out if given("out") else Path(settings.get("out", out))
         workers = workers if given("workers") else settings.get("workers", workers)
-        pack = pack if given("pack") else settings.get("pack", pack)
         device = device if given("device") else settings.get("device", device)
         executor = executor if given("executor") else settings.get("executor", executor)
-        if isinstance(pack, bool) or not isinstance(pack, int):
-            raise UserError(f"sweep file: pack must be an integer, got {pack!r}")
         if device not in DEVICES or executor not in EXECUTORS:
             raise UserError(f"sweep file: device must be one of {', '.join(DEVICES)} and "
                             f"executor one of {', '.join(EXECUTORS)}")
@@ -572,8 +576,7 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
         grids = [_apply(Grid(task=task, sets=list(sets)), "--", **grid_values)]
 
     counts = run_grids(grids, out=out, device=device, workers=workers, executor=executor,
-                       slurm_params=parse_slurm_params(slurm_options), pack=pack,
-                       dry_run=dry_run)
+                       slurm_params=parse_slurm_params(slurm_options), dry_run=dry_run)
     if dry_run:
         return
     summary = ", ".join(f"{value} {key}" for key, value in counts.items() if value)

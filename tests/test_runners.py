@@ -157,6 +157,9 @@ def test_shipped_sweep_files_resolve():
     mqrar = next(grid for grid in grids if grid.task == "mqrar")
     n_back = {c["task"]["config"]["n_back"] for c in mqrar.configs("cuda")}
     assert n_back == {1, 2, 3, 4}
+    # Word problems pack their two learning rates x three seeds; MQRAR fills the GPU alone.
+    assert {grid.task: grid.pack for grid in grids} == {"flipflop": 3, "a5": 6, "z60": 6,
+                                                        "mqrar": 1}
 
 
 def test_sweep_file_errors_name_the_problem(tmp_path):
@@ -169,6 +172,12 @@ def test_sweep_file_errors_name_the_problem(tmp_path):
         load_sweep_file(bad)
     bad.write_text('[[sweep]]\ntask = "flipflop"\nset = "task.length=8"\n')
     with pytest.raises(UserError, match="set must be a list"):
+        load_sweep_file(bad)
+    bad.write_text('[[sweep]]\ntask = "flipflop"\npack = 0\n')
+    with pytest.raises(UserError, match="pack must be >= 1, got 0"):
+        load_sweep_file(bad)
+    bad.write_text('[[sweep]]\ntask = "flipflop"\npack = "all"\n')
+    with pytest.raises(UserError, match="pack must be an integer, got 'all'"):
         load_sweep_file(bad)
     bad.write_text("[[sweep]\n")
     with pytest.raises(UserError, match="not valid TOML"):
@@ -190,6 +199,19 @@ def test_runs_start_longest_first_then_seed_by_seed():
              for c in in_run_order(grid.configs("cpu"))]
     assert order == [(2, 0, "rope"), (2, 0, "path"), (2, 1, "rope"), (2, 1, "path"),
                      (1, 0, "rope"), (1, 0, "path"), (1, 1, "rope"), (1, 1, "path")]
+
+
+def test_packs_hold_runs_that_differ_only_in_seed_and_learning_rate():
+    from pathbench.runners.sweep import in_packs
+
+    grid = Grid(task="flipflop", models=["rope", "path"], lrs=[1e-3, 3e-3], seeds=[0, 1, 2],
+                d_model=16)
+    packs = in_packs(in_run_order(grid.configs("cpu")), 4)
+    assert sorted(len(pack) for pack in packs) == [2, 2, 4, 4]
+    for pack in packs:
+        assert len({config["model"]["attention"] for config in pack}) == 1
+    assert sorted(run_id(config) for pack in packs for config in pack) == sorted(
+        run_id(config) for config in grid.configs("cpu"))
 
 
 def _dry_run(grid, out, capsys):

@@ -4,7 +4,7 @@
 # Records accumulate in results/paper/runs (untracked files travel with the working tree, so
 # each call resumes where the last stopped); each call returns them as $OUT/runs.tgz (without
 # weights) and its log as $OUT/sweep.log. $1: seconds this call may spend. PARTS: the sweep
-# files to run (names or paths); RUNS: their records' directory.
+# files to run (names or paths); RUNS: where the records go, instead of the files' own `out`.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 budget=${1:-570}
@@ -37,13 +37,15 @@ for part in ${PARTS:-flipflop word_problems mqrar}; do
   left=$(( budget - 30 - $(el) ))
   [ $left -gt 20 ] || break
   echo "== $part at $(el)s ($(date -u +%T))" >>"$log"
-  timeout -s INT -k 20 $left python3 -m pathbench.runners.cli sweep --file $part >>"$log" 2>&1
+  timeout -s INT -k 20 $left python3 -m pathbench.runners.cli sweep --file $part \
+    ${RUNS:+--out $RUNS} >>"$log" 2>&1
   echo "== $part exit $? at $(el)s" >>"$log"
 done
 pkill -f pathbench.runners.cli; pkill -f multiprocessing.spawn; sleep 2
 todo=0
 for part in ${PARTS:-flipflop word_problems mqrar}; do
-  n=$(python3 -m pathbench.runners.cli sweep --file $part --dry-run 2>/dev/null | grep -c '^todo')
+  n=$(python3 -m pathbench.runners.cli sweep --file $part ${RUNS:+--out $RUNS} --dry-run \
+      2>/dev/null | grep -c '^todo')
   todo=$(( todo + n ))
 done
 echo "runs still to do: $todo" >>"$log"
