@@ -1,9 +1,10 @@
 """`pathbench run`: train and evaluate one model on one task, and record it.
 
-``execute_run`` is the single place where a run happens: the ``run`` command calls it directly,
-sweep workers call it once per grid point. It never raises for a failing run: a crash is
-recorded as status "failed" with the reason, a NaN loss as "diverged" with the step, so a sweep
-goes on. Only an interrupt (Ctrl-C, a kill) leaves a run without result.json, i.e. not done.
+``execute_runs`` is the single place where runs happen: the ``run`` command calls it for one
+run (``execute_run``), sweep workers for each pack of runs. It never raises for a failing run:
+a crash is recorded as status "failed" with the reason, a NaN loss as "diverged" with the step,
+so a sweep goes on. Only an interrupt (Ctrl-C, a kill) leaves a run without result.json, i.e.
+not done.
 """
 
 from __future__ import annotations

@@ -215,7 +215,7 @@ class Member:
 
     seed: int
     lr: float
-    curve: list  # receives one dict per validation check (a store.CurveWriter, or a list)
+    curve: object  # has append(dict), called once per validation check: a store.CurveWriter
 
 
 def train(model, task, train_config: TrainConfig, members: list[Member], device: torch.device,
@@ -240,6 +240,8 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
     }
     data_hash = dataset_hash({"validation": validation_set, **evaluation_sets})
     packed = is_packed(model)
+    if not packed and count != 1:
+        raise ValueError(f"{count} members need a pack of {count} models, not a single model")
 
     model.to(device).train()
     optimizer = PackedAdamW(model, [member.lr for member in members], config.weight_decay,
@@ -299,6 +301,7 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
                 bad_step = step - len(losses) + 1 + bad[0]
                 reason = f"loss became {losses[bad[0]][member]} at step {bad_step}"
                 finish(member, Outcome("diverged", bad_step, False, reason=reason))
+                continue
             loss_sums[member] += sum(row[member] for row in losses)
         interval_steps += len(losses)
         bar.update(len(losses))
