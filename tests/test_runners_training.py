@@ -137,3 +137,25 @@ def test_an_early_stopped_member_is_frozen_while_the_others_train_on(monkeypatch
         assert torch.equal(frozen[name], value), name  # unchanged since its stop at step 10
     assert all(torch.equal(trained_on[name], value) for name, value in outcomes[1].weights.items())
     assert outcomes[0].metrics.keys() == outcomes[1].metrics.keys() == {"test", "sparse", "dense"}
+
+
+def test_runs_of_an_unpackable_model_train_one_after_another(tmp_path, monkeypatch):
+    import pathbench.models.pack as pack
+    from pathbench.runners.config import resolve_run
+    from pathbench.runners.run import execute_runs
+
+    def refuse(models):
+        raise pack.NotPackable("a plugin module")
+
+    monkeypatch.setattr(pack, "pack_models", refuse)
+    configs = [resolve_run("flipflop", options={"model": "nope", "d_model": 16, "steps": 4,
+                                                "batch_size": 8},
+                           sets={"task": {"length": "16"}, "train": {"eval_num": "16"}},
+                           seed=seed, device="cpu", preset=None) for seed in (0, 1)]
+    records = execute_runs(configs, tmp_path, progress=False)
+    assert [record["status"] for record in records] == ["ok", "ok"]
+    assert all((tmp_path / record["run_id"] / "model.pt").exists() for record in records)
+    weights = [torch.load(tmp_path / record["run_id"] / "model.pt")["state_dict"]
+               for record in records]
+    assert weights[0]["head.weight"].shape == (len(TASK.vocab), 16)  # a single model's
+    assert not torch.equal(weights[0]["head.weight"], weights[1]["head.weight"])
