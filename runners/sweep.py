@@ -525,7 +525,7 @@ def _waves(grid: Grid, configs: list[dict], out: Path):
               help="Stop adding layers to a model once it solves the task.")
 @shared_options
 @click.option("--workers", type=int, default=1, show_default=True,
-              help="Runs at once (local processes, or concurrent Slurm jobs).")
+              help="Runs (or packs) trained at once: local processes, or concurrent Slurm jobs.")
 @click.option("--pack", type=int, default=None,
               help="Train up to N runs that differ only in seed and learning rate as one "
                    "batched model (keeps a GPU busy with small models). Default 1.")
