@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from pathbench import UserError
-from pathbench.runners.store import config_digest
+from pathbench.runners.store import canonical_json, config_digest
 from pathbench.settings import coerce
 
 SECTIONS = ("task", "model", "train")
@@ -226,6 +226,17 @@ def resolve_run(
         "preset": preset,
         "device": device,
     }
+
+
+def cell_key(config: dict, *, with_layers: bool = True) -> str:
+    """The identity of a run's cell: its whole config except the seed and learning rate (and,
+    for ``sweep --until-solved``, the layer count). Runs of one cell differ only in what a pack
+    lets its members differ in (``pathbench.models.pack``)."""
+    model = dict(config["model"])
+    train = {key: value for key, value in config["train"].items() if key != "lr"}
+    if not with_layers:
+        model.pop("layers")
+    return canonical_json({"task": config["task"], "model": model, "train": train})
 
 
 def run_id(config: dict) -> str:

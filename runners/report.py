@@ -22,7 +22,7 @@ import pandas as pd
 
 from pathbench import UserError
 from pathbench.runners import store
-from pathbench.runners.config import parse_int_list
+from pathbench.runners.config import cell_key, parse_int_list
 
 # Columns that name a configuration in tables; the rest of the config is in "task.*",
 # "model.*" and "train.*" columns, shown only when they vary.
@@ -31,16 +31,6 @@ FORMATS = ("table", "csv", "markdown")
 # Fixed colours, so that a model looks the same in every figure.
 MODEL_COLOURS = {"nope": "#7f7f7f", "rope": "#1f77b4", "sba": "#2ca02c", "fox": "#ff7f0e",
                  "path": "#d62728", "path_fox": "#9467bd"}
-
-
-def cell_key(config: dict, *, with_layers: bool = True) -> str:
-    """The identity of a run's cell: its whole config except the seed and learning rate (and,
-    for ``sweep --until-solved``, the layer count)."""
-    model = dict(config["model"])
-    train = {key: value for key, value in config["train"].items() if key != "lr"}
-    if not with_layers:
-        model.pop("layers")
-    return store.canonical_json({"task": config["task"], "model": model, "train": train})
 
 
 def depth_free_cell(config: dict) -> str:

@@ -10,7 +10,6 @@ not done.
 from __future__ import annotations
 
 import functools
-import json
 import platform
 import subprocess
 import time
@@ -26,6 +25,7 @@ from pathbench.runners import store
 from pathbench.runners.config import (
     DEVICES,
     PRESETS,
+    cell_key,
     parse_sets,
     resolve_device,
     resolve_run,
@@ -84,7 +84,7 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
     from pathbench.runners.train import Member, train
     from pathbench.tasks import make_task
 
-    if len({pack_key(config) for config in configs}) != 1:
+    if len({(cell_key(config), config["device"]) for config in configs}) != 1:
         raise ValueError("a pack's runs must differ only in seed and learning rate")
     shared = configs[0]
     run_dirs = [Path(out) / run_id(config) for config in configs]
@@ -96,7 +96,7 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
         (run_dir / store.WEIGHTS_FILE).unlink(missing_ok=True)
         store.write_json_atomic(run_dir / store.CONFIG_FILE, config)
     curves = [store.CurveWriter(run_dir) for run_dir in run_dirs]
-    device = torch.device(configs[0]["device"])
+    device = torch.device(shared["device"])
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
     records = []
@@ -132,16 +132,13 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
         try:
             packs = [(pack_models(models), list(range(len(configs))))]
         except NotPackable:
-            if len(models) == 1:
-                packs = [(models[0], [0])]
-            else:
-                packs = [(model, [index]) for index, model in enumerate(models)]
+            packs = [(model, [index]) for index, model in enumerate(models)]
         for model, indices in packs:
             members = [Member(configs[i]["seed"], configs[i]["train"]["lr"], curves[i])
                        for i in indices]
             label = run_dirs[indices[0]].name + (f" +{len(indices) - 1}" if len(indices) > 1
                                                  else "")
-            outcomes = train(model, task, train_config(configs[0]["train"]), members, device,
+            outcomes = train(model, task, train_config(shared["train"]), members, device,
                              progress=progress, label=label)
             for index, outcome in zip(indices, outcomes):
                 _record_outcome(records[index], outcome, task, run_dirs[index])
@@ -159,12 +156,6 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
         store.write_json_atomic(run_dir / store.RESULT_FILE, record)
         record["run_dir"] = str(run_dir)
     return records
-
-
-def pack_key(config: dict) -> str:
-    """What runs packed together must share: the configuration less seed and learning rate."""
-    return json.dumps({**config, "seed": None, "train": {**config["train"], "lr": None}},
-                      sort_keys=True)
 
 
 def _record_outcome(record: dict, outcome, task, run_dir: Path) -> None:

@@ -51,6 +51,7 @@ from pathbench.runners.config import (
     DEVICES,
     PRESETS,
     SECTIONS,
+    cell_key,
     parse_float_list,
     parse_int_list,
     parse_sets,
@@ -58,7 +59,7 @@ from pathbench.runners.config import (
     resolve_run,
     run_id,
 )
-from pathbench.runners.run import execute_runs, pack_key, shared_options
+from pathbench.runners.run import execute_runs, shared_options
 
 EXECUTORS = ("local", "slurm")
 # submitit's cluster for --executor slurm; the tests set "local" to run the same path without
@@ -436,7 +437,8 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
                     bar.refresh()
                 todo = [config for config in wave if not _is_done(out / run_id(config))]
                 packs += in_packs(in_run_order(todo), grid.pack)
-            packs = in_run_order(packs)
+            # A pack goes where its first run would.
+            packs.sort(key=lambda pack: _run_order(pack[0]))
             if not packs:
                 continue
             if pool is not None:
@@ -455,15 +457,14 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
     return counts
 
 
-def in_run_order(items: list) -> list:
+def in_run_order(configs: list[dict]) -> list[dict]:
     """Longest runs first, so that the last ones to finish are short; among equals, seed 0 of
-    every configuration before any seed 1, so that a sweep cut short has every cell. Items are
-    configs, or packs of them (ordered by their first)."""
-    def key(item):
-        config = item[0] if isinstance(item, list) else item
-        return -run_cost(config), config["seed"]
+    every configuration before any seed 1, so that a sweep cut short has every cell."""
+    return sorted(configs, key=_run_order)
 
-    return sorted(items, key=key)
+
+def _run_order(config: dict) -> tuple:
+    return -run_cost(config), config["seed"]
 
 
 def in_packs(configs: list[dict], size: int) -> list[list[dict]]:
@@ -471,7 +472,7 @@ def in_packs(configs: list[dict], size: int) -> list[list[dict]]:
     the order of each pack's first run."""
     groups: dict[str, list[dict]] = {}
     for config in configs:
-        groups.setdefault(pack_key(config), []).append(config)
+        groups.setdefault(cell_key(config), []).append(config)
     return [group[start : start + size] for group in groups.values()
             for start in range(0, len(group), size)]
 

@@ -169,13 +169,14 @@ class TrainStep:
         token_losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
                                        ignore_index=IGNORE, reduction="none")
         scored = (targets != IGNORE).view(self.members, -1)
+        scored_counts = scored.sum(1)
         # Each member's mean over its scored targets, as cross_entropy's own mean would be.
-        losses = token_losses.view(self.members, -1).sum(1) / scored.sum(1)
+        losses = token_losses.view(self.members, -1).sum(1) / scored_counts
         losses.sum().backward()  # the members share no weights: each gets its own gradient
         self.optimizer.step()
         hits = (logits.argmax(dim=-1) == targets).view(self.members, -1) & scored
         self.correct += hits.sum(1)
-        self.scored += scored.sum(1)
+        self.scored += scored_counts
         return losses.detach()
 
 
