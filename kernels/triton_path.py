@@ -792,11 +792,16 @@ def _is_out_of_resources(exc: Exception) -> bool:
     return "out of resource" in str(exc).lower()
 
 
-def gpu_configs(kind: str, D: int, dtype: torch.dtype) -> list:
-    """The configurations (BT, num_warps, num_stages) tried in order for kind and head size D."""
+def gpu_configs(kind: str, D: int, dtype: torch.dtype, T: int | None = None) -> list:
+    """The configurations (BT, num_warps, num_stages) tried in order for kind and head size D,
+    and for sequences of T tokens if given."""
     cfgs = _GPU_CONFIGS[kind][D]
     if dtype == torch.float32:  # float32 (tests, not speed): configurations that fit
         cfgs = _FLOAT32_CONFIGS.get((kind, D)) or list(dict.fromkeys((c[0], c[1], 1) for c in cfgs))
+    if T is not None:
+        # A block at least twice the sequence is mostly padding, and the block-local work grows
+        # as BT^2 D: a 20-token word problem costs less in one block of 32 than of 64.
+        cfgs = [c for c in cfgs if c[0] < 2 * T] or cfgs[-1:]
     return cfgs
 
 
@@ -809,7 +814,7 @@ def _with_fallback(kind: str, key: tuple, D: int, device: torch.device, launch):
     if key in _CHOSEN:
         return launch(*_CHOSEN[key])
     last = None
-    for cfg in gpu_configs(kind, D, key[2]):
+    for cfg in gpu_configs(kind, D, key[2], key[-1]):
         try:
             result = launch(*cfg)
         except Exception as exc:  # triton's OutOfResources; anything else is re-raised
@@ -967,8 +972,12 @@ def _storage_dtype(q):
 
 
 def _spec_key(kind, q, has_hh, has_gate):
-    """The kernel specialisation a configuration is chosen for."""
-    return (kind, q.shape[-1], q.dtype, has_hh, has_gate, q.device.index)
+    """The kernel specialisation a configuration is chosen for. Its last entry is the sequence
+    length up to a power of two and at most the largest block, because short sequences take
+    smaller blocks (gpu_configs)."""
+    largest = max(c[0] for c in _GPU_CONFIGS[kind][q.shape[-1]])
+    length = min(1 << (q.shape[1] - 1).bit_length(), largest)
+    return (kind, q.shape[-1], q.dtype, has_hh, has_gate, q.device.index, length)
 
 
 def _chunk_blocks(N: int, BT: int, D: int, device: torch.device) -> int:

@@ -220,6 +220,36 @@ def test_every_gpu_configuration(monkeypatch, D):
     assert tried
 
 
+def test_short_sequences_take_smaller_blocks():
+    import pathbench.kernels.triton_path as tp
+
+    for kind, D in [("fwd", 32), ("bwd", 32), ("fwd", 128), ("bwd", 128)]:
+        every = tp.gpu_configs(kind, D, torch.bfloat16)
+        assert tp.gpu_configs(kind, D, torch.bfloat16, 1024) == every
+        assert [c[0] for c in tp.gpu_configs(kind, D, torch.bfloat16, 32)] == [
+            c[0] for c in every if c[0] <= 32]  # a 20-token sequence: no block of 64
+        assert tp.gpu_configs(kind, D, torch.bfloat16, 2) == every[-1:]  # the smallest there is
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU configurations")
+def test_word_problem_shape_on_gpu():
+    """The shape the word problems train on (20 tokens, D = 32) in bfloat16, under the
+    configuration chosen for it, against float64."""
+    import pathbench.kernels.triton_path as tp
+
+    args = make_inputs(64, 20, 4, 32, True, True, dtype=torch.bfloat16)
+    ref_args = [a.double() if a is not None else None for a in args]
+    dout = torch.randn(args[0].shape, device=DEV, dtype=torch.float64)
+    out, g = grads(path_attention_triton, args, dout)
+    ref, rg = grads(path_attention_reference, ref_args, dout)
+    assert rel(out, ref) <= 2e-2
+    for a, b in zip(g, rg):
+        assert rel(a, b) <= 5e-2
+    chosen = {key[0]: cfg[0] for key, cfg in tp._CHOSEN.items()
+              if key[1:3] == (32, torch.bfloat16) and key[-1] == 32}
+    assert chosen == {"fwd": 32, "bwd": 32}
+
+
 def test_autocast_does_not_reach_the_block_algebra():
     args = make_inputs(1, 37, 2, 32)
     with torch.autocast(DEV, dtype=torch.bfloat16):
