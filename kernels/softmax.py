@@ -66,23 +66,32 @@ def sba_log_weights(q, k, scale=None):
     """log A [B, H, T, T] of stick-breaking attention (masked entries -inf).
 
     A_ij = sigmoid(z_ij) * prod_{j < m <= i} (1 - sigmoid(z_im)) with z_ij = scale * q_i.k_j:
-    key j gets what is left of the stick after every later key m <= i took its share. In log
-    space the product is a sum of logsigmoid(-z), accumulated from the diagonal backwards.
+    key j gets what is left of the stick after every later key m <= i took its share.
+    """
+    return _sba_log_weights_keys_reversed(q, k, scale).flip(-1)
+
+
+def _sba_log_weights_keys_reversed(q, k, scale=None):
+    """sba_log_weights with the keys in reverse time order (entry [i, T-1-j] is log A_ij).
+
+    In log space the product is a sum of logsigmoid(-z) accumulated from the diagonal
+    backwards, which in reversed key order is a plain cumulative sum. Reversing the keys
+    [B, T, H, D] costs far less than reversing the [T, T] matrices twice each way.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     dtype = compute_dtype(q.dtype)
-    z = scale * (q.transpose(1, 2).to(dtype) @ k.transpose(1, 2).to(dtype).transpose(-1, -2))
+    k_reversed = k.flip(1).transpose(1, 2).to(dtype)
+    z = scale * (q.transpose(1, 2).to(dtype) @ k_reversed.transpose(-1, -2))
     T = q.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril().flip(-1)
     log_remain = F.logsigmoid(-z).masked_fill(~causal, 0.0)  # log(1 - sigmoid(z_im)), m <= i
-    # later[i, j] = sum over m > j of log_remain[i, m]: a reverse cumulative sum shifted by one.
-    later = log_remain.flip(-1).cumsum(-1).flip(-1)
-    later = F.pad(later[..., 1:], (0, 1))
+    # sum over the keys m > j, which come before j in reverse order: shifted by one, exactly
+    later = F.pad(log_remain[..., :-1], (1, 0)).cumsum(-1)
     return (F.logsigmoid(z) + later).masked_fill(~causal, float("-inf"))
 
 
 def sba_attention(q, k, v, scale=None):
     """Causal stick-breaking attention [B, T, H, D] -> [B, T, H, D] (no position encoding)."""
-    weights = sba_log_weights(q, k, scale).exp()
-    out = weights @ v.transpose(1, 2).to(weights.dtype)
+    weights = _sba_log_weights_keys_reversed(q, k, scale).exp()
+    out = weights @ v.flip(1).transpose(1, 2).to(weights.dtype)
     return out.transpose(1, 2).to(q.dtype)
