@@ -282,19 +282,24 @@ class LocalPool:
         self.threads = max(1, (os.cpu_count() or 1) // workers)  # torch threads per worker
         self.workers = [_Worker(self.context, self.threads) for _ in range(workers)]
 
-    def run(self, packs: list[list[dict]], out: Path, report) -> None:
-        """Train every pack; ``report(run_id, summary or None)`` is called for each run as its
-        pack ends (None: the worker died, and the run is not done)."""
-        pending = list(reversed(packs))
-        while pending or any(worker.runs for worker in self.workers):
+    def run(self, next_pack, out: Path, report) -> None:
+        """Train the packs ``next_pack()`` hands out (None: none may start now) until none is
+        left or training; ``report(run_id, summary or None)`` is called for each run as its pack
+        ends (None: the worker died, and the run is not done)."""
+        while True:
             for index, worker in enumerate(self.workers):
-                if not worker.runs and pending:
-                    if not worker.process.is_alive():  # it died while idle
-                        self.workers[index] = worker = _Worker(self.context, self.threads)
-                    pack = pending.pop()
-                    worker.runs = [run_id(config) for config in pack]
-                    worker.connection.send((pack, str(out)))
+                if worker.runs:
+                    continue
+                pack = next_pack()
+                if pack is None:
+                    break
+                if not worker.process.is_alive():  # it died while idle
+                    self.workers[index] = worker = _Worker(self.context, self.threads)
+                worker.runs = [run_id(config) for config in pack]
+                worker.connection.send((pack, str(out)))
             busy = [worker for worker in self.workers if worker.runs]
+            if not busy:
+                return
             ready = wait([w.connection for w in busy] + [w.process.sentinel for w in busy])
             for index, worker in enumerate(self.workers):
                 if not worker.runs or not (
@@ -327,9 +332,9 @@ def _submitit_job(configs: list[dict], out: str) -> list[dict]:
     return _summaries(execute_runs(configs, Path(out), progress=False))
 
 
-def run_slurm(packs: list[list[dict]], out: Path, workers: int, params: dict, report) -> None:
-    """One submitit array job per pack; waits for all of them, reporting each run as its
-    pack ends."""
+def run_slurm(next_pack, out: Path, workers: int, params: dict, report) -> None:
+    """One submitit array job per pack, submitted as packs may start (``next_pack()``, None
+    when none may now); waits for all of them, reporting each run as its pack ends."""
     try:
         import submitit
     except ModuleNotFoundError:
@@ -341,9 +346,13 @@ def run_slurm(packs: list[list[dict]], out: Path, workers: int, params: dict, re
         executor.update_parameters(slurm_array_parallelism=workers, name="pathbench", **params)
     except (ValueError, TypeError) as exc:
         raise UserError(f"bad --slurm parameter: {' '.join(str(exc).split())}") from None
-    jobs = executor.map_array(_submitit_job, packs, [str(out)] * len(packs))
-    remaining = dict(zip(jobs, ([run_id(config) for config in pack] for pack in packs)))
-    while remaining:
+    remaining: dict = {}
+    while True:
+        if packs := list(iter(next_pack, None)):
+            jobs = executor.map_array(_submitit_job, packs, [str(out)] * len(packs))
+            remaining.update(zip(jobs, ([run_id(config) for config in pack] for pack in packs)))
+        if not remaining:
+            return
         for job in [job for job in remaining if job.done()]:
             names = remaining.pop(job)
             try:
@@ -397,17 +406,28 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
                    err=True)
     if dry_run:
         # what a run would do now: skip a deeper layer count already known to be unnecessary
-        for grid, configs in planned:
-            for wave, dropped in _waves(grid, configs, out):
-                for config, mark in [(c, "todo") for c in wave] + [(c, "skip") for c in dropped]:
-                    if run_id(config) in done:
-                        mark = "done"
-                    reason = "  (solved at fewer layers)" if mark == "skip" else ""
-                    click.echo(f"{mark}  {run_id(config)}{reason}")
+        dropped: set[str] = set()
+        schedule = _Schedule(planned, out, lambda configs: dropped.update(map(run_id, configs)))
+        while (pack := schedule.next_pack()) is not None:
+            for config in pack:  # as if it had ended without a record
+                schedule.ended(run_id(config))
+        for _, configs in planned:
+            for config in configs:
+                name = run_id(config)
+                mark = "done" if name in done else "skip" if name in dropped else "todo"
+                reason = "  (solved at fewer layers)" if mark == "skip" else ""
+                click.echo(f"{mark}  {name}{reason}")
         return counts
 
     bar = tqdm(total=total, initial=counts["already done"], desc="sweep", unit="run",
                dynamic_ncols=True)
+
+    def skip(configs: list[dict]) -> None:
+        counts["skipped (solved at fewer layers)"] += len(configs)
+        bar.total -= len(configs)
+        bar.refresh()
+
+    schedule = _Schedule(planned, out, skip)
 
     def report(name: str, summary: dict | None) -> None:
         status = summary["status"] if summary else "lost"
@@ -417,44 +437,102 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
             tqdm.write(f"{name}: {status}: {reason}", file=sys.stderr)
         bar.update(1)
         bar.set_postfix({key: value for key, value in counts.items() if key != "already done"})
+        schedule.ended(name)
 
     # One worker trains in this process; more are separate processes.
     remaining = total - counts["already done"]
     pool = (LocalPool(min(workers, remaining))
             if executor == "local" and workers > 1 and remaining else None)
     try:
-        # The grids advance together, one round at a time: a round holds the next wave of every
-        # grid (all of a plain grid's runs; one layer count of an --until-solved grid), so
-        # that the workers stay busy across grids.
-        waves = [_waves(grid, configs, out) for grid, configs in planned]
-        for round_waves in itertools.zip_longest(*waves, fillvalue=([], [])):
-            packs = []
-            for grid, (wave, dropped) in zip(grids, round_waves):
-                skipped = sum(not _is_done(out / run_id(config)) for config in dropped)
-                if skipped:
-                    counts["skipped (solved at fewer layers)"] += skipped
-                    bar.total -= skipped
-                    bar.refresh()
-                todo = [config for config in wave if not _is_done(out / run_id(config))]
-                packs += in_packs(in_run_order(todo), grid.pack)
-            # A pack goes where its first run would.
-            packs.sort(key=lambda pack: _run_order(pack[0]))
-            if not packs:
-                continue
-            if pool is not None:
-                pool.run(packs, out, report)
-            elif executor == "local":
-                for configs in packs:
-                    records = execute_runs(configs, out, progress=False)
-                    for summary in _summaries(records):
-                        report(summary["run_id"], summary)
-            else:
-                run_slurm(packs, out, workers, slurm_params, report)
+        if pool is not None:
+            pool.run(schedule.next_pack, out, report)
+        elif executor == "local":
+            while (pack := schedule.next_pack()) is not None:
+                for summary in _summaries(execute_runs(pack, out, progress=False)):
+                    report(summary["run_id"], summary)
+        else:
+            run_slurm(schedule.next_pack, out, workers, slurm_params, report)
     finally:
         if pool is not None:
             pool.close()
         bar.close()
     return counts
+
+
+class _Schedule:
+    """The runs a sweep has still to train, handed out as packs once they may start.
+
+    A grid is a chain of steps: a plain grid is one step, all its runs; an --until-solved grid
+    is a chain per model (per depth-free cell), one step per layer count, and a step starts
+    once every run of the step before it has ended and the model has not solved the task
+    there; once it has, the chain's deeper runs are dropped. Chains wait for nothing else: not
+    for other models, nor other grids, so that workers freed by one finish the work of another.
+    Packs that gate deeper ones go first, the longest chains first; then the rest, longest runs
+    first.
+    """
+
+    def __init__(self, planned: list[tuple[Grid, list[dict]]], out: Path, drop):
+        self.out = out
+        self.drop = drop  # called with the runs (not yet done) that a solved model never needs
+        self.ready: list[tuple[tuple, list[dict]]] = []  # (priority, pack)
+        self.waiting: dict[str, _Chain] = {}  # run id -> its chain, for the runs handed out
+        for grid, configs in planned:
+            if not grid.until_solved:
+                self._advance(_Chain(grid, [configs]))
+                continue
+            cells: dict[str, dict[int, list[dict]]] = {}
+            for config in configs:
+                depths = cells.setdefault(cell_key(config, with_layers=False), {})
+                depths.setdefault(config["model"]["layers"], []).append(config)
+            for depths in cells.values():
+                self._advance(_Chain(grid, [depths[layers] for layers in sorted(depths)]))
+
+    def next_pack(self) -> list[dict] | None:
+        """The pack to train next, or None while none may start."""
+        if not self.ready:
+            return None
+        self.ready.sort(key=lambda item: item[0])
+        return self.ready.pop(0)[1]
+
+    def ended(self, name: str) -> None:
+        """A run handed out has ended, with a record or without (its worker died)."""
+        chain = self.waiting.pop(name, None)
+        if chain is not None:
+            chain.running.discard(name)
+            if not chain.running:
+                self._advance(chain)
+
+    def _advance(self, chain: _Chain) -> None:
+        """Hand out the chain's next step that has runs to do, or drop the rest if solved."""
+        while chain.steps:
+            if chain.last is not None and chain.grid.until_solved and self._solved(chain.last):
+                self.drop([config for step in chain.steps for config in step
+                           if not _is_done(self.out / run_id(config))])
+                chain.steps = []
+                return
+            chain.last = step = chain.steps.pop(0)
+            todo = [config for config in step if not _is_done(self.out / run_id(config))]
+            if todo:
+                gating = len(chain.steps) + 1 if chain.grid.until_solved else 0
+                for pack in in_packs(in_run_order(todo), chain.grid.pack):
+                    self.ready.append(((-gating, *_run_order(pack[0]), len(self.ready)), pack))
+                chain.running = {run_id(config) for config in todo}
+                self.waiting.update(dict.fromkeys(chain.running, chain))
+                return
+
+    def _solved(self, step: list[dict]) -> bool:
+        from pathbench.runners.report import load_frame, solved_cells
+
+        frame = load_frame(self.out, only={run_id(config) for config in step})
+        return cell_key(step[0], with_layers=False) in solved_cells(frame)
+
+
+@dataclass
+class _Chain:
+    grid: Grid
+    steps: list[list[dict]]  # the steps not yet handed out, in order
+    last: list[dict] | None = None  # the step handed out (or found done) last
+    running: set[str] = field(default_factory=set)  # its runs that have not ended
 
 
 def in_run_order(configs: list[dict]) -> list[dict]:
@@ -492,25 +570,6 @@ def _is_done(run_dir: Path) -> bool:
         aside = store.set_aside_corrupt(run_dir)
         tqdm.write(f"{exc}\n  moved to {aside}; that run is redone", file=sys.stderr)
         return False
-
-
-def _waves(grid: Grid, configs: list[dict], out: Path):
-    """Yield (runs to do next, runs dropped as unnecessary): all the configs at once or, with
-    --until-solved, one layer count at a time without the deeper runs of every model that has
-    solved the task. Each wave's records must exist before the next wave is asked for; where
-    they do not (a dry run), the next wave drops only what the existing records decide."""
-    if not grid.until_solved:
-        yield configs, []
-        return
-    from pathbench.runners.report import depth_free_cell, load_frame, solved_cells
-
-    solved: set = set()
-    for layers in sorted({config["model"]["layers"] for config in configs}):
-        at_depth = [config for config in configs if config["model"]["layers"] == layers]
-        wave = [config for config in at_depth if depth_free_cell(config) not in solved]
-        dropped = [config for config in at_depth if depth_free_cell(config) in solved]
-        yield wave, dropped
-        solved |= solved_cells(load_frame(out, only={run_id(config) for config in wave}))
 
 
 @click.command()

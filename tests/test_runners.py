@@ -22,7 +22,7 @@ from pathbench.runners.config import (
 from pathbench.runners.report import aggregate, load_frame, min_layers_table, solved_cells
 from pathbench.runners.sweep import (
     Grid,
-    _waves,
+    _Schedule,
     find_sweep_file,
     in_run_order,
     load_sweep_file,
@@ -225,19 +225,23 @@ def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path, capsys):
                 seeds=[0, 1], sets=["task.length=8"], until_solved=True)
     configs = grid.configs("cpu")
     assert _dry_run(grid, tmp_path, capsys) == {"todo": 24}  # nothing decided yet
-    waves = _waves(grid, configs, tmp_path)
+    dropped = []
+    schedule = _Schedule([(grid, configs)], tmp_path, dropped.extend)
     seen_layers = []
-    for wave, dropped in waves:
-        layers = wave[0]["model"]["layers"]
-        seen_layers.append((layers, sorted({c["model"]["attention"] for c in wave})))
-        for config in wave:
+    while (pack := schedule.next_pack()) is not None:
+        layers = pack[0]["model"]["layers"]
+        seen_layers.append((pack[0]["model"]["attention"], layers))
+        for config in pack:
             # path solves at 2 layers with the smaller learning rate only; rope never.
             solved = (config["model"]["attention"] == "path" and layers >= 2
                       and config["train"]["lr"] == 3e-4)
             record = _fake_record(config, 0.95 if solved else 0.5)
             store.write_json_atomic(tmp_path / run_id(config) / "result.json", record)
-        assert len(dropped) == (4 if layers == 3 else 0)  # path at 3 layers: 2 lrs x 2 seeds
-    assert seen_layers == [(1, ["path", "rope"]), (2, ["path", "rope"]), (3, ["rope"])]
+            schedule.ended(run_id(config))
+    assert len(dropped) == 4  # path at 3 layers: 2 lrs x 2 seeds
+    assert all(c["model"]["layers"] == 3 and c["model"]["attention"] == "path" for c in dropped)
+    for model, depths in (("path", [1, 2]), ("rope", [1, 2, 3])):  # one layer count at a time
+        assert [layers for name, layers in seen_layers if name == model] == sorted(depths * 4)
     # the records decide what is left: nothing, and the runs that will never be needed
     assert _dry_run(grid, tmp_path, capsys) == {"done": 20, "skip": 4}
     # an unneeded run recorded anyway (by an earlier sweep) is listed as done
@@ -252,6 +256,26 @@ def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path, capsys):
     minimum = min_layers_table(table).set_index("model")["min_layers"].to_dict()
     assert minimum == {"path": "2", "rope": ">3"}
 
+
+
+def test_a_model_goes_deeper_without_waiting_for_others_and_gating_packs_go_first(tmp_path):
+    chains = Grid(task="a5", models=["path", "rope"], layers=[1, 2], seeds=[0, 1], pack=2,
+                  sets=["task.length=8"], until_solved=True)
+    plain = Grid(task="flipflop", models=["nope"], layers=[4], seeds=[0], d_model=16)
+    schedule = _Schedule([(plain, plain.configs("cpu")), (chains, chains.configs("cpu"))],
+                         tmp_path, lambda configs: None)
+    first, second, third = (schedule.next_pack() for _ in range(3))
+    # the one-layer packs gate the two-layer ones, so they go before the (longer) plain run
+    assert [(p[0]["task"]["name"], p[0]["model"]["layers"]) for p in (first, second, third)] == [
+        ("a5", 1), ("a5", 1), ("flipflop", 4)]
+    assert schedule.next_pack() is None  # nothing else may start yet
+    for config in second:  # one model's first layer count ends, the other's is still training
+        store.write_json_atomic(tmp_path / run_id(config) / "result.json", _fake_record(config, 0.5))
+        schedule.ended(run_id(config))
+    deeper = schedule.next_pack()
+    assert [(c["model"]["attention"], c["model"]["layers"]) for c in deeper] == [
+        (second[0]["model"]["attention"], 2)] * 2
+    assert schedule.next_pack() is None
 
 # --- training data and schedule ----------------------------------------------------------------
 
