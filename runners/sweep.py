@@ -523,8 +523,10 @@ class _Schedule:
     def _solved(self, step: list[dict]) -> bool:
         from pathbench.runners.report import load_frame, solved_cells
 
-        frame = load_frame(self.out, only={run_id(config) for config in step})
-        return cell_key(step[0], with_layers=False) in solved_cells(frame)
+        recorded = {run_id(config) for config in step if _is_done(self.out / run_id(config))}
+        if not recorded:  # a dry run before any record, or every worker died
+            return False
+        return cell_key(step[0], with_layers=False) in solved_cells(load_frame(self.out, recorded))
 
 
 @dataclass
