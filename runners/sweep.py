@@ -475,7 +475,9 @@ class _Schedule:
         self.out = out
         self.drop = drop  # called with the runs (not yet done) that a solved model never needs
         self.ready: list[tuple[tuple, list[dict]]] = []  # (priority, pack)
-        self.waiting: dict[str, _Chain] = {}  # run id -> its chain, for the runs handed out
+        # run id -> the chains waiting for it, for each run handed out and not ended (two
+        # grids of one sweep may share runs; each is trained once)
+        self.waiting: dict[str, list[_Chain]] = {}
         for grid, configs in planned:
             if not grid.until_solved:
                 self._advance(_Chain(grid, [configs]))
@@ -491,13 +493,12 @@ class _Schedule:
         """The pack to train next, or None while none may start."""
         if not self.ready:
             return None
-        self.ready.sort(key=lambda item: item[0])
+        self.ready.sort(key=lambda item: item[0])  # stable: equals keep the order handed out
         return self.ready.pop(0)[1]
 
     def ended(self, name: str) -> None:
         """A run handed out has ended, with a record or without (its worker died)."""
-        chain = self.waiting.pop(name, None)
-        if chain is not None:
+        for chain in self.waiting.pop(name, []):
             chain.running.discard(name)
             if not chain.running:
                 self._advance(chain)
@@ -512,12 +513,14 @@ class _Schedule:
                 return
             chain.last = step = chain.steps.pop(0)
             todo = [config for config in step if not _is_done(self.out / run_id(config))]
-            if todo:
-                gating = len(chain.steps) + 1 if chain.grid.until_solved else 0
-                for pack in in_packs(in_run_order(todo), chain.grid.pack):
-                    self.ready.append(((-gating, *_run_order(pack[0]), len(self.ready)), pack))
-                chain.running = {run_id(config) for config in todo}
-                self.waiting.update(dict.fromkeys(chain.running, chain))
+            new = [config for config in todo if run_id(config) not in self.waiting]
+            gating = len(chain.steps) + 1 if chain.grid.until_solved else 0
+            for pack in in_packs(in_run_order(new), chain.grid.pack):
+                self.ready.append(((-gating, *_run_order(pack[0])), pack))
+            chain.running = {run_id(config) for config in todo}
+            for name in chain.running:
+                self.waiting.setdefault(name, []).append(chain)
+            if chain.running:
                 return
 
     def _solved(self, step: list[dict]) -> bool:

@@ -277,6 +277,22 @@ def test_a_model_goes_deeper_without_waiting_for_others_and_gating_packs_go_firs
         (second[0]["model"]["attention"], 2)] * 2
     assert schedule.next_pack() is None
 
+
+def test_runs_shared_by_two_grids_train_once_and_release_both(tmp_path):
+    deep = Grid(task="a5", models=["rope"], layers=[1, 2], seeds=[0, 1], sets=["task.length=8"],
+                until_solved=True)
+    shallow = Grid(task="a5", models=["rope"], layers=[1], seeds=[0, 1], sets=["task.length=8"])
+    schedule = _Schedule([(deep, deep.configs("cpu")), (shallow, shallow.configs("cpu"))],
+                         tmp_path, lambda configs: None)
+    handed = []
+    while (pack := schedule.next_pack()) is not None:
+        for config in pack:
+            handed.append(run_id(config))
+            store.write_json_atomic(tmp_path / run_id(config) / "result.json",
+                                    _fake_record(config, 0.5))
+            schedule.ended(run_id(config))
+    assert sorted(handed) == sorted(run_id(c) for c in deep.configs("cpu"))  # each once
+
 # --- training data and schedule ----------------------------------------------------------------
 
 
