@@ -799,8 +799,8 @@ def gpu_configs(kind: str, D: int, dtype: torch.dtype, T: int | None = None) -> 
     if dtype == torch.float32:  # float32 (tests, not speed): configurations that fit
         cfgs = _FLOAT32_CONFIGS.get((kind, D)) or list(dict.fromkeys((c[0], c[1], 1) for c in cfgs))
     if T is not None:
-        # A block at least twice the sequence is mostly padding, and the block-local work grows
-        # as BT^2 D: a 20-token word problem costs less in one block of 32 than of 64.
+        # A block at least twice the sequence is at least half padding, and the block-local
+        # work grows as BT^2 D: a 20-token word problem costs less in one block of 32 than 64.
         cfgs = [c for c in cfgs if c[0] < 2 * T] or cfgs[-1:]
     return cfgs
 

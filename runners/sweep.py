@@ -343,12 +343,15 @@ def run_slurm(next_pack, out: Path, workers: int, params: dict, report) -> None:
 
     executor = submitit.AutoExecutor(folder=out / ".submitit", cluster=SUBMITIT_CLUSTER)
     try:
-        executor.update_parameters(slurm_array_parallelism=workers, name="pathbench", **params)
+        executor.update_parameters(name="pathbench", **params)
     except (ValueError, TypeError) as exc:
         raise UserError(f"bad --slurm parameter: {' '.join(str(exc).split())}") from None
-    remaining: dict = {}
+    remaining: dict = {}  # job -> its runs
     while True:
-        if packs := list(iter(next_pack, None)):
+        packs = []  # at most `workers` jobs at once, across the arrays submitted
+        while len(remaining) + len(packs) < workers and (pack := next_pack()) is not None:
+            packs.append(pack)
+        if packs:
             jobs = executor.map_array(_submitit_job, packs, [str(out)] * len(packs))
             remaining.update(zip(jobs, ([run_id(config) for config in pack] for pack in packs)))
         if not remaining:
@@ -414,7 +417,8 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
         for _, configs in planned:
             for config in configs:
                 name = run_id(config)
-                mark = "done" if name in done else "skip" if name in dropped else "todo"
+                needless = name in dropped and name not in schedule.handed_out
+                mark = "done" if name in done else "skip" if needless else "todo"
                 reason = "  (solved at fewer layers)" if mark == "skip" else ""
                 click.echo(f"{mark}  {name}{reason}")
         return counts
@@ -465,10 +469,11 @@ class _Schedule:
     A grid is a chain of steps: a plain grid is one step, all its runs; an --until-solved grid
     is a chain per model (per depth-free cell), one step per layer count, and a step starts
     once every run of the step before it has ended and the model has not solved the task
-    there; once it has, the chain's deeper runs are dropped. Chains wait for nothing else: not
-    for other models, nor other grids, so that workers freed by one finish the work of another.
-    Packs that gate deeper ones go first, the longest chains first; then the rest, longest runs
-    first.
+    there; once it has, the chain's deeper runs are dropped (unless another grid needs them).
+    Chains wait for nothing else: not for other models, nor other grids, so that workers freed
+    by one finish the work of another. An --until-solved grid's packs go first, those with the
+    most layer counts still ahead first, because their chains are the longest paths through the
+    sweep; then the rest, longest runs first.
     """
 
     def __init__(self, planned: list[tuple[Grid, list[dict]]], out: Path, drop):
@@ -478,7 +483,9 @@ class _Schedule:
         # run id -> the chains waiting for it, for each run handed out and not ended (two
         # grids of one sweep may share runs; each is trained once)
         self.waiting: dict[str, list[_Chain]] = {}
-        for grid, configs in planned:
+        self.handed_out: set[str] = set()  # every run id ever queued
+        # plain grids first: a run one of them needs is never dropped by a chain
+        for grid, configs in sorted(planned, key=lambda item: item[0].until_solved):
             if not grid.until_solved:
                 self._advance(_Chain(grid, [configs]))
                 continue
@@ -508,15 +515,17 @@ class _Schedule:
         while chain.steps:
             if chain.last is not None and chain.grid.until_solved and self._solved(chain.last):
                 self.drop([config for step in chain.steps for config in step
-                           if not _is_done(self.out / run_id(config))])
+                           if run_id(config) not in self.handed_out
+                           and not _is_done(self.out / run_id(config))])
                 chain.steps = []
                 return
             chain.last = step = chain.steps.pop(0)
             todo = [config for config in step if not _is_done(self.out / run_id(config))]
             new = [config for config in todo if run_id(config) not in self.waiting]
-            gating = len(chain.steps) + 1 if chain.grid.until_solved else 0
+            self.handed_out.update(run_id(config) for config in new)
+            steps_ahead = len(chain.steps) + 1 if chain.grid.until_solved else 0
             for pack in in_packs(in_run_order(new), chain.grid.pack):
-                self.ready.append(((-gating, *_run_order(pack[0])), pack))
+                self.ready.append(((-steps_ahead, *_run_order(pack[0])), pack))
             chain.running = {run_id(config) for config in todo}
             for name in chain.running:
                 self.waiting.setdefault(name, []).append(chain)

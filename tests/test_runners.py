@@ -27,6 +27,7 @@ from pathbench.runners.sweep import (
     in_run_order,
     load_sweep_file,
     run_grids,
+    run_slurm,
 )
 
 
@@ -276,6 +277,68 @@ def test_a_model_goes_deeper_without_waiting_for_others_and_gating_packs_go_firs
     assert [(c["model"]["attention"], c["model"]["layers"]) for c in deeper] == [
         (second[0]["model"]["attention"], 2)] * 2
     assert schedule.next_pack() is None
+
+
+def test_a_solved_model_still_trains_deeper_runs_another_grid_needs(tmp_path, capsys):
+    chain = Grid(task="a5", models=["rope"], layers=[1, 2], seeds=[0], sets=["task.length=8"],
+                 until_solved=True)
+    plain = Grid(task="a5", models=["rope"], layers=[2], seeds=[0], sets=["task.length=8"])
+    solved_first = chain.configs("cpu")[0]
+    assert solved_first["model"]["layers"] == 1
+    store.write_json_atomic(tmp_path / run_id(solved_first) / "result.json",
+                            _fake_record(solved_first, 0.95))
+    dropped = []
+    schedule = _Schedule([(chain, chain.configs("cpu")), (plain, plain.configs("cpu"))],
+                         tmp_path, dropped.extend)
+    assert [run_id(c) for c in schedule.next_pack()] == [run_id(plain.configs("cpu")[0])]
+    assert dropped == []
+    run_grids([chain, plain], out=tmp_path, device="cpu", workers=1, executor="local",
+              slurm_params={}, dry_run=True)
+    marks = Counter(line.split()[0] for line in capsys.readouterr().out.splitlines()
+                    if not line.startswith("sweep"))
+    assert marks == {"done": 1, "todo": 2}  # the two-layer run, listed once per grid
+
+
+def test_slurm_keeps_at_most_workers_jobs_in_flight(tmp_path, monkeypatch):
+    submitit = pytest.importorskip("submitit")
+    import time
+
+    in_flight, most = set(), [0]
+
+    class Job:
+        job_id = "fake"
+
+        def __init__(self, pack):
+            self.pack, self.polls = pack, 0
+
+        def done(self):
+            self.polls += 1
+            return self.polls > 1
+
+        def result(self):
+            in_flight.discard(self)
+            return [{"run_id": run_id(c), "status": "ok", "reason": None} for c in self.pack]
+
+    class Executor:
+        def __init__(self, folder, cluster):
+            pass
+
+        def update_parameters(self, **params):
+            pass
+
+        def map_array(self, function, packs, outs):
+            jobs = [Job(pack) for pack in packs]
+            in_flight.update(jobs)
+            most[0] = max(most[0], len(in_flight))
+            return jobs
+
+    monkeypatch.setattr(submitit, "AutoExecutor", Executor)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    grid = Grid(task="flipflop", models=["nope", "rope", "path"], seeds=[0, 1], d_model=16)
+    packs = iter([[config] for config in grid.configs("cpu")])
+    reported = []
+    run_slurm(lambda: next(packs, None), tmp_path, 2, {}, lambda name, summary: reported.append(name))
+    assert len(reported) == 6 and most[0] == 2
 
 
 def test_runs_shared_by_two_grids_train_once_and_release_both(tmp_path):
