@@ -99,18 +99,21 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
     device = torch.device(shared["device"])
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
+    shared_provenance = {
+        "pathbench_version": pathbench.__version__,
+        **git_state(),
+        "torch_version": torch.__version__,
+        "triton_version": _package_version("triton"),
+        "python_version": platform.python_version(),
+        "device": shared["device"],
+        "device_name": device_name(device),
+        "task_version": shared["task"]["version"],
+        "dataset_hash": None,
+    }
     records = []
     for config, run_dir in zip(configs, run_dirs):
         provenance = {
-            "pathbench_version": pathbench.__version__,
-            **git_state(),
-            "torch_version": torch.__version__,
-            "triton_version": _package_version("triton"),
-            "python_version": platform.python_version(),
-            "device": config["device"],
-            "device_name": device_name(device),
-            "task_version": config["task"]["version"],
-            "dataset_hash": None,
+            **shared_provenance,
             "seed": config["seed"],
             "started_at": started.isoformat(timespec="seconds"),
             "wall_time_s": None,
