@@ -165,24 +165,17 @@ def test_shipped_sweep_files_resolve():
 
 def test_sweep_file_errors_name_the_problem(tmp_path):
     bad = tmp_path / "bad.toml"
-    bad.write_text('[[sweep]]\ntask = "flipflop"\nlayer = [1]\n')
-    with pytest.raises(UserError, match="unknown key 'layer'; valid keys: .*layers"):
-        load_sweep_file(bad)
-    bad.write_text('[[sweep]]\ntask = "flipflop"\nlayers = "3-1"\n')
-    with pytest.raises(UserError, match="layers expects integers"):
-        load_sweep_file(bad)
-    bad.write_text('[[sweep]]\ntask = "flipflop"\nset = "task.length=8"\n')
-    with pytest.raises(UserError, match="set must be a list"):
-        load_sweep_file(bad)
-    bad.write_text('[[sweep]]\ntask = "flipflop"\npack = 0\n')
-    with pytest.raises(UserError, match="pack must be >= 1, got 0"):
-        load_sweep_file(bad)
-    bad.write_text('[[sweep]]\ntask = "flipflop"\npack = "all"\n')
-    with pytest.raises(UserError, match="pack must be an integer, got 'all'"):
-        load_sweep_file(bad)
-    bad.write_text("[[sweep]\n")
-    with pytest.raises(UserError, match="not valid TOML"):
-        load_sweep_file(bad)
+    for text, message in [
+        ('[[sweep]]\ntask = "flipflop"\nlayer = [1]\n', "unknown key 'layer'; valid keys: .*layers"),
+        ('[[sweep]]\ntask = "flipflop"\nlayers = "3-1"\n', "layers expects integers"),
+        ('[[sweep]]\ntask = "flipflop"\nset = "task.length=8"\n', "set must be a list"),
+        ('[[sweep]]\ntask = "flipflop"\npack = 0\n', "pack must be >= 1, got 0"),
+        ('[[sweep]]\ntask = "flipflop"\npack = "all"\n', "pack must be an integer, got 'all'"),
+        ("[[sweep]\n", "not valid TOML"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(UserError, match=message):
+            load_sweep_file(bad)
     with pytest.raises(UserError, match="shipped sweep files: .*paper"):
         find_sweep_file("nosuch")
 
