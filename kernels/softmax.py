@@ -74,20 +74,21 @@ def sba_log_weights(q, k, scale=None):
 def _sba_log_weights_keys_reversed(q, k, scale=None):
     """sba_log_weights with the keys in reverse time order (entry [i, T-1-j] is log A_ij).
 
-    In log space the product is a sum of logsigmoid(-z) accumulated from the diagonal
-    backwards, which in reversed key order is a plain cumulative sum. Reversing the keys
-    [B, T, H, D] costs far less than reversing the [T, T] matrices twice each way.
+    With log sigmoid(z) = z - softplus(z) and log(1 - sigmoid(z)) = -softplus(z), the log
+    weight is log A_ij = z_ij - sum_{j <= m <= i} softplus(z_im): in reversed key order an
+    inclusive cumulative sum along the row, once masked keys (m > i) add nothing, which a
+    logit of -inf gives them (softplus(-inf) = 0, and their own log weight stays -inf). Four
+    passes over the [T, T] matrix, and autograd's backward stays as short. Reversing the keys
+    [B, T, H, D] costs far less than reversing [T, T] matrices.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     dtype = compute_dtype(q.dtype)
     k_reversed = k.flip(1).transpose(1, 2).to(dtype)
-    z = scale * (q.transpose(1, 2).to(dtype) @ k_reversed.transpose(-1, -2))
+    z = (scale * q.transpose(1, 2).to(dtype)) @ k_reversed.transpose(-1, -2)
     T = q.shape[1]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril().flip(-1)
-    log_remain = F.logsigmoid(-z).masked_fill(~causal, 0.0)  # log(1 - sigmoid(z_im)), m <= i
-    # sum over the keys m > j, which come before j in reverse order: shifted by one, exactly
-    later = F.pad(log_remain[..., :-1], (1, 0)).cumsum(-1)
-    return (F.logsigmoid(z) + later).masked_fill(~causal, float("-inf"))
+    z = z.masked_fill(~causal, float("-inf"))
+    return z - F.softplus(z).cumsum(-1)
 
 
 def sba_attention(q, k, v, scale=None):

@@ -321,6 +321,26 @@ def test_sba_matches_product_definition(offset):
                                rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("offset", [-8.0, 8.0])
+def test_sba_float32_matches_float64(offset):
+    # Long rows of nearly closed (z << 0) or nearly open (z >> 0) sticks: the log weights are
+    # differences of a logit and a cumulative sum over the row, which must keep float32's
+    # precision in the output and in every gradient.
+    q, k, v, *_ = make_inputs(B=2, T=300, H=2, D=32, seed=7)
+    mean_key = k.mean(dim=1, keepdim=True)
+    q = 3 * q + offset * mean_key / mean_key.norm(dim=-1, keepdim=True)
+    grad_out = torch.randn_like(v)
+    results = {}
+    for dtype in (F64, torch.float32):
+        leaves = [x.to(dtype).detach().requires_grad_() for x in (q, k, v)]
+        out = sba_attention(*leaves)
+        out.backward(grad_out.to(dtype))
+        results[dtype] = [out.detach()] + [x.grad for x in leaves]
+    for name, low, exact in zip(("out", "dq", "dk", "dv"), results[torch.float32], results[F64]):
+        error = ((low.double() - exact).norm() / exact.norm()).item()
+        assert error < 1e-5, f"{name}: relative error {error:.1e}"
+
+
 def test_sba_and_rope_gradcheck():
     q, k, v, *_ = make_inputs(B=1, T=6, H=2, D=4)
     leaves = tuple(x.requires_grad_() for x in (q, k, v))
