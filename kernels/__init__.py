@@ -15,8 +15,6 @@ the definitions, the Triton one against them.
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from pathbench.kernels.blockwise import path_attention_blockwise
@@ -77,7 +75,9 @@ def path_attention(q, k, v, w=None, beta=None, log_fgate=None, scale=None, backe
 def _triton_kernel(required: bool):
     """path_attention_triton, or None when it cannot be imported and is not required."""
     try:
-        module = importlib.import_module(TRITON_MODULE)
+        # An import statement, not importlib: torch.compile traces it, so a compiled model
+        # calls the kernel without a break in its graph.
+        from pathbench.kernels.triton_path import path_attention_triton
     except ImportError as exc:
         if not required:
             return None
@@ -87,7 +87,7 @@ def _triton_kernel(required: bool):
                 "use backend='torch'"
             ) from exc
         raise
-    return module.path_attention_triton
+    return path_attention_triton
 
 
 def attention_probs(variant, q, k, w=None, beta=None, log_fgate=None, scale=None):

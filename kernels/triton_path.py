@@ -1298,10 +1298,72 @@ def path_attention_triton(q, k, v, w=None, beta=None, log_fgate=None, scale=None
 
     w/beta None drops the Householder part (FoX, or plain causal softmax without a gate);
     log_fgate None drops the forget gate. scale defaults to D**-0.5.
+
+    Under torch.compile the kernels are the opaque operators pathbench::path_attention_forward
+    and pathbench::path_attention_backward, so a compiled model stays one graph; their backward
+    computes the block-local algebra again instead of keeping it from the forward.
     """
-    _check(q, k, v, w, beta, log_fgate)
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    if torch.compiler.is_compiling():
+        O, _ = torch.ops.pathbench.path_attention_forward(q, k, v, w, beta, log_fgate, float(scale))
+        return O.transpose(1, 2)
+    _check(q, k, v, w, beta, log_fgate)
     grad_needed = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, w, beta, log_fgate))
     return _PathAttention.apply(q, k, v, w, beta, log_fgate, float(scale), grad_needed)
+
+
+# The operators torch.compile sees. The forward gives O [B, H, T, D] and the log-sum-exp of
+# the logits [B, H, T] (float32), which the backward needs; the backward gives the gradients
+# of q, k, v, w, beta and log_fgate in float32, an empty tensor for an input that is None.
+@torch.library.custom_op(
+    "pathbench::path_attention_forward", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor? w, Tensor? beta, Tensor? log_fgate, "
+           "float scale) -> (Tensor, Tensor)")
+def _forward_op(q, k, v, w, beta, log_fgate, scale):
+    _check(q, k, v, w, beta, log_fgate)
+    with torch.autocast(q.device.type, enabled=False):
+        O, LSE, _ = _forward(q, k, v, w, beta, log_fgate, scale)
+    return O.contiguous(), LSE.contiguous()
+
+
+@_forward_op.register_fake
+def _forward_op_fake(q, k, v, w, beta, log_fgate, scale):
+    B, T, H, D = q.shape
+    return q.new_empty(B, H, T, D), q.new_empty(B, H, T, dtype=torch.float32)
+
+
+@torch.library.custom_op(
+    "pathbench::path_attention_backward", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor? w, Tensor? beta, Tensor? log_fgate, "
+           "Tensor O, Tensor LSE, Tensor grad_out, float scale) -> Tensor[]")
+def _backward_op(q, k, v, w, beta, log_fgate, O, LSE, grad_out, scale):
+    with torch.autocast(q.device.type, enabled=False):
+        grads = _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out)
+    return [q.new_empty(0, dtype=torch.float32) if g is None else g.contiguous() for g in grads]
+
+
+@_backward_op.register_fake
+def _backward_op_fake(q, k, v, w, beta, log_fgate, O, LSE, grad_out, scale):
+    return [q.new_empty(0, dtype=torch.float32) if x is None else x.new_empty(x.shape, dtype=torch.float32)
+            for x in (q, k, v, w, beta, log_fgate)]
+
+
+def _forward_op_setup(ctx, inputs, output):
+    q, k, v, w, beta, log_fgate, scale = inputs
+    O, LSE = output
+    ctx.save_for_backward(q, k, v, w, beta, log_fgate, O, LSE)
+    ctx.scale = scale
+
+
+def _forward_op_backward(ctx, grad_O, grad_LSE):
+    q, k, v, w, beta, log_fgate, O, LSE = ctx.saved_tensors
+    grads = torch.ops.pathbench.path_attention_backward(
+        q, k, v, w, beta, log_fgate, O, LSE, grad_O.transpose(1, 2), ctx.scale)
+    inputs = (q, k, v, w, beta, log_fgate)
+    return tuple(None if x is None else g.to(x.dtype) for g, x in zip(grads, inputs)) + (None,)
+
+
+torch.library.register_autograd("pathbench::path_attention_forward", _forward_op_backward,
+                                setup_context=_forward_op_setup)

@@ -56,6 +56,16 @@ def test_forward_backward_and_parameter_count(attention):
 
 
 @pytest.mark.parametrize("attention", VARIANTS)
+def test_model_compiles_to_one_graph(attention):
+    # Training on a GPU compiles the model; a break in its graph splits it into pieces that
+    # pass tensors between compiled parts, which is slower and, on the H200, was fragile.
+    model = make_model(attention, dtype=torch.float32, layers=2, d_model=32, heads=2)
+    tokens = random_tokens(T=21)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(tokens), model(tokens), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_future_tokens_do_not_change_earlier_logits(attention):
     model = make_model(attention, layers=2)
     tokens = random_tokens()

@@ -385,9 +385,9 @@ def test_learning_rate_warms_up_then_decays_to_zero():
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(),
-                    reason="CUDA graphs need a CUDA GPU (runs on the GPU machine)")
+                    reason="compiled steps and CUDA graphs need a CUDA GPU (run on the GPU machine)")
 @pytest.mark.parametrize("attention", ["nope", "rope", "sba", "fox", "path", "path_fox"])
-def test_graph_replayed_training_matches_eager_training_on_cuda(attention):
+def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attention):
     import torch
 
     from pathbench.models import build_model, model_config
@@ -412,7 +412,8 @@ def test_graph_replayed_training_matches_eager_training_on_cuda(attention):
         model = pack_models(models).cuda()
         step = TrainStep(model, PackedAdamW(model, [3e-3, 1e-3], weight_decay=0.1,
                                             grad_clip=1.0, member_axis=True), device)
-        if eager:
+        if eager:  # the plain computation: not compiled, no graph
+            step.forward_losses = step._forward_losses
             step.EAGER_CUDA_STEPS = len(inputs)
         losses = []
         for i in range(len(inputs)):
@@ -422,8 +423,39 @@ def test_graph_replayed_training_matches_eager_training_on_cuda(attention):
         runs.append((torch.stack(losses).cpu(), torch.cat([p.detach().flatten().float()
                                                           for p in model.parameters()]).cpu(),
                      step.scored.cpu(), step.correct.cpu()))
-    (graph_losses, graph_params, graph_scored, _), (eager_losses, eager_params, scored, _) = runs
-    assert graph_scored.tolist() == scored.tolist() == [12 * 32 * 20] * 2
-    torch.testing.assert_close(graph_losses, eager_losses, rtol=2e-3, atol=0)
-    torch.testing.assert_close(graph_params, eager_params, rtol=2e-3, atol=2e-4)
+    (fast_losses, fast_params, fast_scored, _), (eager_losses, eager_params, scored, _) = runs
+    assert fast_scored.tolist() == scored.tolist() == [12 * 32 * 20] * 2
+    # Compiled kernels keep bfloat16 intermediates in float32, so the two differ by bfloat16
+    # rounding, which twelve updates carry on.
+    torch.testing.assert_close(fast_losses[0], eager_losses[0], rtol=2e-3, atol=0)
+    torch.testing.assert_close(fast_losses, eager_losses, rtol=1e-2, atol=0)
+    torch.testing.assert_close(fast_params, eager_params, rtol=1e-2, atol=1e-3)
     assert not torch.equal(eager_losses[0], eager_losses[-1])  # it trained
+
+
+class _Connection:
+    """A worker's end of the pipe: hands out the messages given, keeps what is sent back."""
+
+    def __init__(self, messages):
+        self.messages, self.sent = list(messages), []
+
+    def recv(self):
+        return self.messages.pop(0)
+
+    def send(self, value):
+        self.sent.append(value)
+
+
+@pytest.mark.parametrize("cuda_lost", [False, True])
+def test_worker_leaves_when_a_failed_pack_took_the_gpu_with_it(monkeypatch, tmp_path, cuda_lost):
+    from pathbench.runners import sweep
+
+    record = {"run_id": "r", "status": "failed", "reason": "AcceleratorError: CUDA error"}
+    monkeypatch.setattr(sweep, "execute_runs", lambda configs, out, progress: [dict(record)])
+    monkeypatch.setattr(sweep, "_cuda_lost", lambda: cuda_lost)
+    connection = _Connection([([{}], str(tmp_path)), ([{}], str(tmp_path)), None])
+    sweep._serve(connection, threads=1)
+    # Each pack is reported; a worker whose GPU context is lost takes no second pack (the
+    # pool starts a fresh one for it), one that still has its GPU goes on.
+    assert len(connection.sent) == (1 if cuda_lost else 2)
+    assert connection.sent[0] == [record]

@@ -16,6 +16,7 @@ if not CUDA:
 
 triton = pytest.importorskip("triton")
 
+from pathbench.kernels import path_attention  # noqa: E402
 from pathbench.kernels.reference import path_attention_reference  # noqa: E402
 from pathbench.kernels.triton_path import path_attention_triton  # noqa: E402
 
@@ -370,3 +371,33 @@ def test_bench_kernel_without_gpu_exits_2(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "GPU" in err[0]
+
+
+@pytest.mark.parametrize("hh, gate", [(True, True), (True, False), (False, True)], ids=str)
+def test_compiled_call_is_one_graph_with_the_eager_results(hh, gate):
+    """Under torch.compile the kernel is an operator in the graph (fullgraph: no break), and
+    its output and gradients are those of the eager call."""
+    B, T, H, D = (2, 300, 2, 64) if CUDA else (2, 37, 2, 16)
+    args = make_inputs(B, T, H, D, hh, gate)
+    dout = torch.randn(args[0].shape, device=DEV)
+    compiled = torch.compile(lambda *xs: path_attention(*xs, backend="triton"),
+                             backend="aot_eager", fullgraph=True)
+    out, g = grads(compiled, args, dout)
+    ref, rg = grads(path_attention_triton, args, dout)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    for a, b in zip(g, rg):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_operators_pass_opcheck():
+    """Schema, fake (shape-only) implementations and autograd registration of the operators
+    agree with what they compute (torch.library.opcheck)."""
+    B, T, H, D = (1, 70, 2, 32) if CUDA else (1, 19, 2, 16)
+    q, k, v, w, beta, lf = make_inputs(B, T, H, D)
+    leaves = [x.requires_grad_() for x in (q, k, v, w, beta, lf)]
+    torch.library.opcheck(torch.ops.pathbench.path_attention_forward.default,
+                          (*leaves, D**-0.5))
+    q, k, v, w, beta, lf = make_inputs(B, T, H, D, gate=False)
+    O, LSE = torch.ops.pathbench.path_attention_forward(q, k, v, w, beta, None, D**-0.5)
+    torch.library.opcheck(torch.ops.pathbench.path_attention_backward.default,
+                          (q, k, v, w, beta, None, O, LSE, torch.randn_like(q), D**-0.5))
