@@ -15,9 +15,10 @@ rate as one model, its members stacked along the batch: each kernel then does th
 every member, which is how a sweep of small models keeps a GPU busy. Every member keeps its own
 data stream, learning rate, clipping, early stop and record.
 
-On CUDA the optimizer step is captured once as a CUDA graph and replayed (``TrainStep``): the
-benchmark's models are small, and an eager step of them spends most of its time launching
-kernels from Python rather than running them.
+On CUDA the forward and loss are compiled (torch.compile) and the optimizer step is captured
+once as a CUDA graph and replayed (``TrainStep``): the benchmark's models are small, and an
+eager step of them spends most of its time launching kernels, many of them small elementwise
+ones that compilation fuses.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ class TrainStep:
 
     Calling it with inputs and targets [E * B, T] returns the members' losses [E] (a device
     tensor) and adds each member's correct and scored target counts to ``correct`` and
-    ``scored`` [E]. On CUDA the first EAGER_CUDA_STEPS steps run eagerly on a side stream (lazy
+    ``scored`` [E]. On CUDA the forward and the losses are compiled (``compile_for_cuda``), the
+    first EAGER_CUDA_STEPS steps run without a graph on a side stream (compilation, lazy
     initialisation, the Triton kernel's choice of launch configuration), the next one is
     captured as a CUDA graph, and every later step replays that graph on fresh data copied into
     the captured input buffers: the same computation, without the per-kernel launch cost of
@@ -137,6 +139,9 @@ class TrainStep:
         self.scored = torch.zeros(self.members, dtype=torch.long, device=device)
         self.steps_taken = 0
         self.graph = None
+        self.forward_losses = self._forward_losses
+        if device.type == "cuda":
+            self.forward_losses = compile_for_cuda(self._forward_losses)
 
     def __call__(self, inputs, targets) -> torch.Tensor:
         self.steps_taken += 1
@@ -162,8 +167,9 @@ class TrainStep:
         self.graph.replay()
         return self.graph_losses.clone()
 
-    def _step(self, inputs, targets) -> torch.Tensor:
-        self.optimizer.zero_grad()
+    def _forward_losses(self, inputs, targets):
+        """Each member's loss [E] (with autograd history), and its correct and scored target
+        counts [E]."""
         with _autocast(self.device):
             logits = self.model(inputs)
         token_losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
@@ -172,12 +178,29 @@ class TrainStep:
         scored_counts = scored.sum(1)
         # Each member's mean over its scored targets, as cross_entropy's own mean would be.
         losses = token_losses.view(self.members, -1).sum(1) / scored_counts
+        hits = (logits.argmax(dim=-1) == targets).view(self.members, -1) & scored
+        return losses, hits.sum(1), scored_counts
+
+    def _step(self, inputs, targets) -> torch.Tensor:
+        self.optimizer.zero_grad()
+        losses, hits, scored = self.forward_losses(inputs, targets)
         losses.sum().backward()  # the members share no weights: each gets its own gradient
         self.optimizer.step()
-        hits = (logits.argmax(dim=-1) == targets).view(self.members, -1) & scored
-        self.correct += hits.sum(1)
-        self.scored += scored_counts
+        self.correct += hits
+        self.scored += scored
         return losses.detach()
+
+
+def compile_for_cuda(fn):
+    """``fn`` compiled by torch.compile for fixed shapes, to run on CUDA tensors.
+
+    Compiled code is cached per Python function, a few versions each, and one sweep worker
+    trains many architectures one after another: the caches are emptied first, so that each
+    pack compiles its own (inductor's kernel cache on disk still serves repeats). The Triton
+    PaTH kernel enters the graph as one opaque operator (``path_attention_triton``).
+    """
+    torch.compiler.reset()
+    return torch.compile(fn, dynamic=False)
 
 
 @torch.no_grad()
