@@ -250,11 +250,29 @@ def _serve(connection, threads: int) -> None:
     try:
         while (message := connection.recv()) is not None:
             configs, out = message
-            connection.send(_summaries(execute_runs(configs, Path(out), progress=False)))
+            records = execute_runs(configs, Path(out), progress=False)
+            connection.send(_summaries(records))
+            if any(record["status"] == "failed" for record in records) and _cuda_lost():
+                return  # the pool starts a fresh worker for the next pack
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         # The sweep is gone (killed) or interrupted: stop quietly. A run cut short has no
         # result.json and is redone when the sweep runs again.
         return
+
+
+def _cuda_lost() -> bool:
+    """Whether this process can no longer use the GPU: an error such as an illegal memory
+    access sticks to the process's CUDA context, and every later kernel would fail too."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return False
+    try:
+        torch.cuda.synchronize()
+        torch.ones(1, device="cuda").sum().item()
+    except Exception:
+        return True
+    return False
 
 
 def _summaries(records: list[dict]) -> list[dict]:
