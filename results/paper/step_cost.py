@@ -3,18 +3,24 @@
 Run from the repository root on a GPU:
     python3 results/paper/step_cost.py alone a5:path:1 mqrar:sba:2:3 ...  # TASK:MODEL:LAYERS[:PACK]
     python3 results/paper/step_cost.py together 12,24 a5:path:2 ...       # under CUDA MPS
+    python3 results/paper/step_cost.py mix 10 a5:nope:3:6 a5:path:3:6 ...  # under CUDA MPS
 `alone`: ms per step of graph-replayed training steps with nothing else on the GPU, and the
 kernels of one eager step (count, summed GPU time, the five costliest). `together`: K
 processes replay the same step side by side for 6 s; the aggregate steps per second give the
 GPU time per step when the GPU is shared, as in the sweep's workers. PACK (default 1) trains
 that many runs as one packed model (pathbench.models.pack), as `pathbench sweep --pack` does;
-"per run" divides by it. Shapes as in runners/sweeps/word_problems.toml and mqrar.toml.
+"per run" divides by it. `mix`: one process per spec, side by side for SECONDS, as the
+sweep's workers run different packs at once; it prints each one's steps per second and the
+runs' steps per second of all together. Steps are compiled as in training (TrainStep); a spec
+ending in "+e" runs them eagerly instead, for comparison. Shapes as in
+runners/sweeps/word_problems.toml and mqrar.toml.
 """
 
 import json
 import subprocess
 import sys
 import time
+import traceback
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -28,12 +34,13 @@ from pathbench.tasks import make_task
 
 
 def pack_size(spec):
-    return int(spec.split(":")[3]) if spec.count(":") == 3 else 1
+    parts = spec.removesuffix("+e").split(":")
+    return int(parts[3]) if len(parts) == 4 else 1
 
 
 def training_step(spec):
     """A CUDA-graph training step of TASK:MODEL:LAYERS[:PACK] and ten batches for it."""
-    task_name, model, layers = spec.split(":")[:3]
+    task_name, model, layers = spec.removesuffix("+e").split(":")[:3]
     members = pack_size(spec)
     if task_name == "mqrar":
         options = dict(model=model, layers=int(layers), heads=2, d_model=256, batch_size=64, steps=1000)
@@ -47,15 +54,20 @@ def training_step(spec):
     device = torch.device("cuda")
     net = pack_models([build_model(model_config(config["model"])) for _ in range(members)])
     net = net.to(device).train()
+    started = time.perf_counter()
     train = train_config(config["train"])
     optimizer = PackedAdamW(net, [train.lr] * members, train.weight_decay, train.grad_clip,
                             member_axis=True)
     optimizer.set_lr_factor(1.0)
     step = TrainStep(net, optimizer, device)
+    if spec.endswith("+e"):
+        step.forward_losses = step._forward_losses
     batches = training_batches(task, train.batch_size * members, 0, device)
     for _ in range(TrainStep.EAGER_CUDA_STEPS + 3):  # eager steps, capture, replays
         step(*next(batches))
     torch.cuda.synchronize()
+    print(f"{spec}: first steps and capture took {time.perf_counter() - started:.1f} s",
+          file=sys.stderr, flush=True)
     return step, [next(batches) for _ in range(10)]
 
 
@@ -109,12 +121,35 @@ def together(spec, k, seconds=6.0):
           flush=True)
 
 
+def mix(specs, seconds):
+    procs = [subprocess.Popen([sys.executable, __file__, "worker", spec, str(seconds)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for spec in specs]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    rates = [(lambda r: r["steps"] / r["s"])(json.loads(p.stdout.readline())) for p in procs]
+    for p in procs:
+        p.wait()
+    for spec, rate in zip(specs, rates):
+        print(f"  {spec:22s} {rate:7.1f} steps/s", flush=True)
+    print(f"mix of {len(specs)}: {sum(r * pack_size(s) for s, r in zip(specs, rates)):8.1f} "
+          f"run-steps/s", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "worker":
         worker(sys.argv[2], float(sys.argv[3]))
     elif sys.argv[1] == "alone":
         for spec in sys.argv[2:]:
-            alone(spec)
+            try:
+                alone(spec)
+            except Exception as exc:  # report (traceback on stderr) and go on to the next spec
+                traceback.print_exc()
+                print(f"{spec:22s} failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+    elif sys.argv[1] == "mix":
+        mix(sys.argv[3:], float(sys.argv[2]))
     else:
         for spec in sys.argv[3:]:
             for k in map(int, sys.argv[2].split(",")):
