@@ -8,10 +8,13 @@ Stick-breaking has no softmax to fuse, so it is written out in log space; it mat
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 ROPE_BASE = 10000.0
+TWO_PI = 2 * math.pi
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -23,19 +26,23 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.
     """Rotate x [B, T, H, D] by its positions (default 0..T-1), "rotate half" pairing.
 
     Channel c and c + D/2 form a pair turned by angle position * ROPE_BASE**(-2c/D), so that
-    (R_i q).(R_j k) depends on i - j only. Angles are computed in float64: in float32 a
-    position of a few thousand would already lose the angle's low bits.
+    (R_i q).(R_j k) depends on i - j only. Angles are computed in float64 and reduced to
+    [0, 2 pi) before they are narrowed: in float32 a position of a few thousand would already
+    lose the angle's low bits. Their cosines and sines are then taken in x's compute dtype,
+    which is what a compiled model does for every element (it fuses the table into its users).
     """
     T, D = x.shape[1], x.shape[-1]
     if D % 2:
         raise ValueError(f"rotary embedding needs an even head dimension, got {D}")
     if positions is None:
         positions = torch.arange(T, device=x.device)
-    inv_freq = ROPE_BASE ** -(torch.arange(D // 2, device=x.device, dtype=torch.float64) / (D // 2))
+    inv_freq = torch.tensor([ROPE_BASE ** (-c / (D // 2)) for c in range(D // 2)],
+                            dtype=torch.float64, device=x.device)
     angles = positions.to(torch.float64)[:, None] * inv_freq  # [T, D/2]
+    angles = angles - TWO_PI * torch.floor(angles / TWO_PI)
     dtype = compute_dtype(x.dtype)
-    cos = angles.cos().to(dtype)[:, None, :]  # broadcast over heads
-    sin = angles.sin().to(dtype)[:, None, :]
+    cos = angles.to(dtype).cos()[:, None, :]  # broadcast over heads
+    sin = angles.to(dtype).sin()[:, None, :]
     x1, x2 = x.to(dtype).chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 

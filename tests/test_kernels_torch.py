@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import pathbench.kernels
 from pathbench.kernels import (
     RecurrentCache,
+    apply_rope,
     attention_probs,
     path_attention,
     path_attention_blockwise,
@@ -340,6 +341,17 @@ def test_sba_float32_matches_float64(offset):
     for name, low, exact in zip(("out", "dq", "dk", "dv"), results[torch.float32], results[F64]):
         error = ((low.double() - exact).norm() / exact.norm()).item()
         assert error < 1e-5, f"{name}: relative error {error:.1e}"
+
+
+def test_rope_in_float32_keeps_far_positions():
+    # Positions in the thousands: float32 angles alone would be off by about 1e-4 radians.
+    x = torch.randn(1, 1, 2, 64, dtype=F64, generator=torch.Generator().manual_seed(3))
+    positions = torch.tensor([9_973])
+    exact = apply_rope(x, positions)
+    low = apply_rope(x.float(), positions)
+    assert (low.double() - exact).abs().max().item() < 2e-6
+    R = rotation_matrix(9_973, 64)
+    torch.testing.assert_close(exact[0, 0], x[0, 0] @ R.T, rtol=0, atol=1e-11)
 
 
 def test_sba_and_rope_gradcheck():
