@@ -66,6 +66,9 @@ EXECUTORS = ("local", "slurm")
 # a Slurm installation.
 SUBMITIT_CLUSTER = "slurm"
 SWEEPS_DIR = Path(__file__).parent / "sweeps"
+# The outcome counted when a sweep training in its own process stops because a failed run left
+# that process unable to use the GPU (workers in separate processes are replaced instead).
+GPU_LOST = "stopped (GPU lost)"
 
 
 @dataclass
@@ -251,13 +254,19 @@ def _serve(connection, threads: int) -> None:
         while (message := connection.recv()) is not None:
             configs, out = message
             records = execute_runs(configs, Path(out), progress=False)
-            connection.send(_summaries(records))
-            if any(record["status"] == "failed" for record in records) and _cuda_lost():
-                return  # the pool starts a fresh worker for the next pack
+            gpu_lost = _gpu_lost(records)
+            connection.send((_summaries(records), gpu_lost))
+            if gpu_lost:
+                return  # the pool starts a fresh worker in its place
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         # The sweep is gone (killed) or interrupted: stop quietly. A run cut short has no
         # result.json and is redone when the sweep runs again.
         return
+
+
+def _gpu_lost(records: list[dict]) -> bool:
+    """Whether these runs failed and took this process's GPU with them."""
+    return any(record["status"] == "failed" for record in records) and _cuda_lost()
 
 
 def _cuda_lost() -> bool:
@@ -324,14 +333,15 @@ class LocalPool:
                         worker.connection in ready or worker.process.sentinel in ready):
                     continue
                 try:
-                    summaries = worker.connection.recv()
+                    summaries, gpu_lost = worker.connection.recv()
                 except (EOFError, OSError):  # the worker died mid-pack
-                    summaries = [None] * len(worker.runs)
-                    worker.process.join()
-                    self.workers[index] = _Worker(self.context, self.threads)
+                    summaries, gpu_lost = [None] * len(worker.runs), True
                 for name, summary in zip(worker.runs, summaries):
                     report(name, summary)
                 worker.runs = []
+                if gpu_lost:  # it has ended, or is ending: replace it
+                    worker.process.join()
+                    self.workers[index] = _Worker(self.context, self.threads)
 
     def close(self) -> None:
         for worker in self.workers:
@@ -470,8 +480,12 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
             pool.run(schedule.next_pack, out, report)
         elif executor == "local":
             while (pack := schedule.next_pack()) is not None:
-                for summary in _summaries(execute_runs(pack, out, progress=False)):
+                records = execute_runs(pack, out, progress=False)
+                for summary in _summaries(records):
                     report(summary["run_id"], summary)
+                if _gpu_lost(records):
+                    counts[GPU_LOST] += 1
+                    break
         else:
             run_slurm(schedule.next_pack, out, workers, slurm_params, report)
     finally:
@@ -676,4 +690,8 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
     if counts["lost"]:
         click.echo(f"{counts['lost']} runs did not finish; run the same command again to finish "
                    f"them", err=True)
+        sys.exit(1)
+    if counts[GPU_LOST]:
+        click.echo("the sweep stopped: a failed run left this process unable to use the GPU; "
+                   "run the same command again to go on", err=True)
         sys.exit(1)
