@@ -1353,6 +1353,7 @@ def _backward_op_fake(q, k, v, w, beta, log_fgate, O, LSE, grad_out, scale):
 def _forward_op_setup(ctx, inputs, output):
     q, k, v, w, beta, log_fgate, scale = inputs
     O, LSE = output
+    ctx.mark_non_differentiable(LSE)  # the backward's input, not a result to train through
     ctx.save_for_backward(q, k, v, w, beta, log_fgate, O, LSE)
     ctx.scale = scale
 

@@ -397,6 +397,8 @@ def test_operators_pass_opcheck():
     leaves = [x.requires_grad_() for x in (q, k, v, w, beta, lf)]
     torch.library.opcheck(torch.ops.pathbench.path_attention_forward.default,
                           (*leaves, D**-0.5))
+    O, LSE = torch.ops.pathbench.path_attention_forward(*leaves, D**-0.5)
+    assert O.requires_grad and not LSE.requires_grad  # only O carries gradients back
     q, k, v, w, beta, lf = make_inputs(B, T, H, D, gate=False)
     O, LSE = torch.ops.pathbench.path_attention_forward(q, k, v, w, beta, None, D**-0.5)
     torch.library.opcheck(torch.ops.pathbench.path_attention_backward.default,
