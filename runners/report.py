@@ -33,10 +33,6 @@ MODEL_COLOURS = {"nope": "#7f7f7f", "rope": "#1f77b4", "sba": "#2ca02c", "fox": 
                  "path": "#d62728", "path_fox": "#9467bd"}
 
 
-def depth_free_cell(config: dict) -> str:
-    return cell_key(config, with_layers=False)
-
-
 def record_row(record: dict) -> dict:
     """One run as a flat row: names, every config value, and every scalar metric per split."""
     config = record["config"]

@@ -636,7 +636,7 @@ def _is_done(run_dir: Path) -> bool:
               help="Train up to N runs that differ only in seed and learning rate as one "
                    "batched model (keeps a GPU busy with small models). Default 1.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
-              help="local: worker processes here; slurm: one job per run through submitit.")
+              help="local: worker processes here; slurm: one job per pack through submitit.")
 @click.option("--slurm", "slurm_options", multiple=True, metavar="KEY=VALUE",
               help="submitit executor parameter, e.g. slurm_partition=gpu (repeatable).")
 @click.option("--file", "sweep_file", default=None,
