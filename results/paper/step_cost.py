@@ -105,33 +105,30 @@ def worker(spec, seconds):
     print(json.dumps({"steps": steps, "s": time.perf_counter() - start}), flush=True)
 
 
-def together(spec, k, seconds=6.0):
+def side_by_side(specs, seconds):
+    """Each spec's steps per second, one worker process per spec, all started at once."""
     procs = [subprocess.Popen([sys.executable, __file__, "worker", spec, str(seconds)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(k)]
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for spec in specs]
     for p in procs:
         assert p.stdout.readline().strip() == "ready"
     for p in procs:  # start them at once
         p.stdin.write("go\n")
         p.stdin.flush()
-    rate = sum(r["steps"] / r["s"] for r in (json.loads(p.stdout.readline()) for p in procs))
+    results = [json.loads(p.stdout.readline()) for p in procs]
     for p in procs:
         p.wait()
+    return [r["steps"] / r["s"] for r in results]
+
+
+def together(spec, k, seconds=6.0):
+    rate = sum(side_by_side([spec] * k, seconds))
     print(f"{spec:22s} K={k:3d}  aggregate {rate:8.1f} steps/s  = {1e3 / rate:6.3f} ms GPU per step "
           f"({1e3 / rate / pack_size(spec):6.3f} per run); per worker {1e3 * k / rate:6.1f} ms/step",
           flush=True)
 
 
 def mix(specs, seconds):
-    procs = [subprocess.Popen([sys.executable, __file__, "worker", spec, str(seconds)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for spec in specs]
-    for p in procs:
-        assert p.stdout.readline().strip() == "ready"
-    for p in procs:
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    rates = [(lambda r: r["steps"] / r["s"])(json.loads(p.stdout.readline())) for p in procs]
-    for p in procs:
-        p.wait()
+    rates = side_by_side(specs, seconds)
     for spec, rate in zip(specs, rates):
         print(f"  {spec:22s} {rate:7.1f} steps/s", flush=True)
     print(f"mix of {len(specs)}: {sum(r * pack_size(s) for s, r in zip(specs, rates)):8.1f} "
