@@ -8,6 +8,7 @@ Stick-breaking has no softmax to fuse, so it is written out in log space; it mat
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -39,15 +40,34 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.
         raise ValueError(f"rotary embedding needs an even head dimension, got {D}")
     if positions is None:
         positions = torch.arange(T, device=x.device)
-    inv_freq = torch.tensor([ROPE_BASE ** (-c / (D // 2)) for c in range(D // 2)],
-                            dtype=torch.float64, device=x.device)
-    angles = positions.to(torch.float64)[:, None] * inv_freq  # [T, D/2]
+    angles = positions.to(torch.float64)[:, None] * _inverse_frequencies(D, x.device)  # [T, D/2]
     angles = angles - TWO_PI * torch.floor(angles / TWO_PI)
     dtype = compute_dtype(x.dtype)
     cos = angles.to(dtype).cos()[:, None, :]  # broadcast over heads
     sin = angles.to(dtype).sin()[:, None, :]
     x1, x2 = x.to(dtype).chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+
+def _inverse_frequencies(D: int, device: torch.device) -> torch.Tensor:
+    """ROPE_BASE ** (-c / (D/2)) for c < D/2, float64 on ``device``.
+
+    Compiled, the table is a constant of the graph, so that the fused kernels read it instead of
+    computing a float64 power for every element. Eager, it is made once per head size and device
+    and kept: a call then copies nothing from the host, which a CUDA graph capture forbids.
+    """
+    if torch.compiler.is_compiling():
+        return torch.tensor(_inverse_frequency_values(D), dtype=torch.float64, device=device)
+    return _kept_inverse_frequencies(D, device)
+
+
+def _inverse_frequency_values(D: int) -> list[float]:
+    return [ROPE_BASE ** (-c / (D // 2)) for c in range(D // 2)]
+
+
+@functools.cache
+def _kept_inverse_frequencies(D: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor(_inverse_frequency_values(D), dtype=torch.float64, device=device)
 
 
 def softmax_attention(q, k, v, scale=None, rope=False):
