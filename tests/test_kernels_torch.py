@@ -357,7 +357,7 @@ def test_rope_in_float32_keeps_far_positions():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_eager_rope_can_be_captured_in_a_cuda_graph():
-    # Capture forbids copies from the host; eager rope once copied its frequency table per call.
+    # Capture forbids copies from the host, so eager rope must not make its table on every call.
     x = torch.randn(2, 16, 2, 8, device="cuda", generator=torch.Generator("cuda").manual_seed(4))
     expected = apply_rope(x)
     graph = torch.cuda.CUDAGraph()
