@@ -57,17 +57,16 @@ def _inverse_frequencies(D: int, device: torch.device) -> torch.Tensor:
     and kept: a call then copies nothing from the host, which a CUDA graph capture forbids.
     """
     if torch.compiler.is_compiling():
-        return torch.tensor(_inverse_frequency_values(D), dtype=torch.float64, device=device)
-    return _kept_inverse_frequencies(D, device)
+        return _frequency_table(D, device)
+    return _kept_frequency_table(D, device)
 
 
-def _inverse_frequency_values(D: int) -> list[float]:
-    return [ROPE_BASE ** (-c / (D // 2)) for c in range(D // 2)]
+def _frequency_table(D: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor([ROPE_BASE ** (-c / (D // 2)) for c in range(D // 2)],
+                        dtype=torch.float64, device=device)
 
 
-@functools.cache
-def _kept_inverse_frequencies(D: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor(_inverse_frequency_values(D), dtype=torch.float64, device=device)
+_kept_frequency_table = functools.cache(_frequency_table)
 
 
 def softmax_attention(q, k, v, scale=None, rope=False):
