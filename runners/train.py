@@ -197,7 +197,8 @@ def compile_for_cuda(fn):
     Compiled code is cached per Python function, a few versions each, and one sweep worker
     trains many architectures one after another: the caches are emptied first, so that each
     pack compiles its own (inductor's kernel cache on disk still serves repeats). The Triton
-    PaTH kernel enters the graph as one opaque operator (``path_attention_triton``).
+    PaTH kernel enters the graph as opaque operators, its forward and backward
+    (``path_attention_triton``).
     """
     torch.compiler.reset()
     return torch.compile(fn, dynamic=False)

@@ -251,7 +251,6 @@ def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path, capsys):
     assert minimum == {"path": "2", "rope": ">3"}
 
 
-
 def test_a_model_goes_deeper_without_waiting_for_others_and_gating_packs_go_first(tmp_path):
     chains = Grid(task="a5", models=["path", "rope"], layers=[1, 2], seeds=[0, 1], pack=2,
                   sets=["task.length=8"], until_solved=True)
@@ -348,6 +347,7 @@ def test_runs_shared_by_two_grids_train_once_and_release_both(tmp_path):
                                     _fake_record(config, 0.5))
             schedule.ended(run_id(config))
     assert sorted(handed) == sorted(run_id(c) for c in deep.configs("cpu"))  # each once
+
 
 # --- training data and schedule ----------------------------------------------------------------
 

@@ -9,6 +9,7 @@ seconds from the first run's start.
 from datetime import datetime
 from pathlib import Path
 
+from pathbench.kernels import VARIANTS
 from pathbench.runners.store import find_run_dirs, read_result
 
 RUNS = Path("results/paper/runs")
@@ -35,7 +36,7 @@ def main():
         print(f"\n{task}: each model's packs, layers: start-end (s)\n")
         print("| model | " + " | ".join(str(layers) for layers in range(1, 7)) + " |")
         print("| --- |" + " --- |" * 6)
-        for model in ("nope", "rope", "sba", "fox", "path", "path_fox"):
+        for model in VARIANTS:
             cells = []
             for layers in range(1, 7):
                 own = [s for s in spans if s[:3] == (task, model, layers)]

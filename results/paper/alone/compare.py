@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pathbench.kernels import VARIANTS
 from pathbench.runners.report import aggregate, load_frame
 
 ALONE, PACKED = Path("results/paper/alone/runs"), Path("results/paper/runs")
@@ -51,7 +52,7 @@ def main():
         layers = sorted({depth for _, depth in cells})
         print(f"| {task} | " + " | ".join(str(depth) for depth in layers) + " |")
         print("| --- |" + " --- |" * len(layers))
-        for model in ("nope", "rope", "sba", "fox", "path", "path_fox"):
+        for model in VARIANTS:
             entries = []
             for depth in layers:
                 cell = cells.get((model, depth), {})
