@@ -646,7 +646,7 @@ def _kernels():
                 qt = tl.load(QT + row_ptr + cols[None, :]).to(tl.float32)
                 tl.store(QS + row_ptr + slab[None, :], tl.dot(qt, p, input_precision=PREC).to(QS.dtype.element_ty))
                 if SAVE:
-                    tl.store(PS + saved + b * D * D + in_slab, p)
+                    tl.store(PS + saved + b * D * D + in_slab, p.to(PS.dtype.element_ty))
                 m = tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32)
                 p = tl.dot(m, p, input_precision=PREC)
             tl.store(MC + (bh * NC + c) * D * D + in_slab, p.to(MC.dtype.element_ty))
@@ -658,19 +658,21 @@ def _kernels():
                 kt = tl.load(KT + row_ptr + cols[None, :]).to(tl.float32)
                 tl.store(KC + row_ptr + slab[None, :], tl.dot(kt, s, input_precision=PREC).to(KC.dtype.element_ty))
                 if SAVE:
-                    tl.store(SS + saved + b * D * D + in_slab, s)
+                    tl.store(SS + saved + b * D * D + in_slab, s.to(SS.dtype.element_ty))
                 if b > 0:  # S_{-1} is never used
                     m = tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32)
                     s = tl.dot(tl.trans(m), s, input_precision=PREC)
 
     @triton.jit(do_not_specialize=["N", "C"])
     def _edges_bwd_kernel(
-        QT, KT, MB, PS, SS, DQS, DKC, DMC, DQT, DKT, DM,
+        X, MB, SAVED, DX, DMC, DXT, DM,
         N, C,
-        D: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+        D: tl.constexpr, BT: tl.constexpr, KEYS: tl.constexpr, PREC: tl.constexpr,
     ):
-        # The chunk edges' gradients, added into dQt, dKt and dM (rows and blocks this program
-        # alone owns). Adjoints of P and S, with Pbar_nb = dMc and Sbar_{-1} = 0:
+        # One side of the chunk edges' gradients, added into dXt and dM (rows and blocks this
+        # program alone owns): the queries' (X = Qt, SAVED = P, DX = dQs) or, with KEYS, the
+        # keys' (X = Kt, SAVED = S, DX = dKc). Adjoints of P and S, with Pbar_nb = dMc and
+        # Sbar_{-1} = 0:
         #   Pbar_b = Qt_b^T dQs_b + M_b^T Pbar_{b+1},  dM_b += Pbar_{b+1} P_b^T,  dQt_b += dQs_b P_b^T
         #   Sbar_b = Kt_b^T dKc_b + M_b Sbar_{b-1},    dM_b += S_b Sbar_{b-1}^T,  dKt_b += dKc_b S_b^T
         # column slab by column slab, as in the forward: each slab adds its share of the sums.
@@ -689,36 +691,30 @@ def _kernels():
             slab = sl * DS + tl.arange(0, DS)
             in_slab = cols[:, None] * D + slab[None, :]
             tl.debug_barrier()  # the sums are read back in another layout, by other threads
-            pbar = tl.load(DMC + (bh * NC + c) * D * D + in_slab)
-            for bb in range(0, nb):
-                b = nb - 1 - bb
+            if KEYS:
+                bar = tl.zeros([D, DS], dtype=tl.float32)  # Sbar
+            else:
+                bar = tl.load(DMC + (bh * NC + c) * D * D + in_slab)  # Pbar
+            for i in range(0, nb):
+                b = i if KEYS else nb - 1 - i  # keys first to last, queries last to first
                 row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
                 tile = row_ptr + cols[None, :]
-                p = tl.load(PS + saved + b * D * D + in_slab)
-                dqs = tl.load(DQS + row_ptr + slab[None, :])
-                tl.store(DQT + tile, tl.dot(dqs, tl.trans(p), acc=tl.load(DQT + tile), input_precision=PREC))
+                prod = tl.load(SAVED + saved + b * D * D + in_slab).to(tl.float32)
+                dx = tl.load(DX + row_ptr + slab[None, :])
+                tl.store(DXT + tile, tl.dot(dx, tl.trans(prod), acc=tl.load(DXT + tile), input_precision=PREC))
                 dm_ptr = DM + (bh * N + first + b) * D * D + square
-                tl.store(dm_ptr, tl.dot(pbar, tl.trans(p), acc=tl.load(dm_ptr), input_precision=PREC))
-                qt = tl.load(QT + tile).to(tl.float32)
+                if KEYS:
+                    if b > 0:
+                        tl.store(dm_ptr, tl.dot(prod, tl.trans(bar), acc=tl.load(dm_ptr), input_precision=PREC))
+                else:
+                    tl.store(dm_ptr, tl.dot(bar, tl.trans(prod), acc=tl.load(dm_ptr), input_precision=PREC))
+                x = tl.load(X + tile).to(tl.float32)
                 m = tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32)
-                pbar = tl.dot(tl.trans(m), pbar, input_precision=PREC)
-                pbar = tl.dot(tl.trans(qt), dqs, acc=pbar, input_precision=PREC)
-
-            tl.debug_barrier()
-            sbar = tl.zeros([D, DS], dtype=tl.float32)
-            for b in range(0, nb):
-                row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
-                tile = row_ptr + cols[None, :]
-                s = tl.load(SS + saved + b * D * D + in_slab)
-                dkc = tl.load(DKC + row_ptr + slab[None, :])
-                tl.store(DKT + tile, tl.dot(dkc, tl.trans(s), acc=tl.load(DKT + tile), input_precision=PREC))
-                if b > 0:
-                    dm_ptr = DM + (bh * N + first + b) * D * D + square
-                    tl.store(dm_ptr, tl.dot(s, tl.trans(sbar), acc=tl.load(dm_ptr), input_precision=PREC))
-                kt = tl.load(KT + tile).to(tl.float32)
-                m = tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32)
-                sbar = tl.dot(m, sbar, input_precision=PREC)
-                sbar = tl.dot(tl.trans(kt), dkc, acc=sbar, input_precision=PREC)
+                if KEYS:
+                    bar = tl.dot(m, bar, input_precision=PREC)
+                else:
+                    bar = tl.dot(tl.trans(m), bar, input_precision=PREC)
+                bar = tl.dot(tl.trans(x), dx, acc=bar, input_precision=PREC)
 
     _KERNELS = (_path_fwd_kernel, _bwd_within_kernel, _prep_fwd_kernel, _prep_bwd_kernel,
                 _bwd_cross_q_kernel, _bwd_cross_kv_kernel, _edges_fwd_kernel, _edges_bwd_kernel)
@@ -993,7 +989,7 @@ def _chunk_edges(Qt, Kt, Mb, C, prec, launch_opts, save=False):
     """Queries moved to their chunk's start, keys to their chunk's end, and each chunk's product
     (_edges_fwd_kernel; chunk_edges_reference is the same in torch): Qs, Kc [B, H, Tp, D] in
     Qt's dtype and Mc [B, H, NC, D, D] in Mb's, plus, with save, the float32 products before
-    and after each block [B, H, NC, C, D, D] that _chunk_edges_backward needs."""
+    and after each block [B, H, NC, C, D, D] that _chunk_edges_backward needs, in Mb's dtype."""
     B, H, Tp, D = Qt.shape
     N = Mb.shape[2]
     NC = -(-N // C)
@@ -1002,7 +998,7 @@ def _chunk_edges(Qt, Kt, Mb, C, prec, launch_opts, save=False):
     Mc = torch.empty(B, H, NC, D, D, dtype=Mb.dtype, device=dev)
     PS = SS = _dummy(dev)
     if save:
-        PS = torch.empty(B, H, NC, C, D, D, dtype=torch.float32, device=dev)
+        PS = torch.empty(B, H, NC, C, D, D, dtype=Mb.dtype, device=dev)
         SS = torch.empty_like(PS)
     _kernels()[6][(NC, B * H)](
         Qt, Kt, Mb, Qs, Kc, Mc, PS, SS, N, C,
@@ -1011,13 +1007,16 @@ def _chunk_edges(Qt, Kt, Mb, C, prec, launch_opts, save=False):
     return Qs, Kc, Mc, PS, SS
 
 
-def _chunk_edges_backward(Qt, Kt, Mb, PS, SS, dQs, dKc, dMc, dQt, dKt, dM, C, prec, launch_opts):
-    """Add the chunk edges' gradients into dQt, dKt and dM (float32, in place)."""
-    B, H, Tp, D = Qt.shape
+def _chunk_edges_backward(X, Mb, saved, dX, dMc, dXt, dM, C, prec, launch_opts):
+    """Add one side of the chunk edges' gradients into dXt and dM (float32, in place): the
+    queries' (X = Qt, saved = PS, dX = dQs, with dMc) or, with dMc None, the keys' (X = Kt,
+    saved = SS, dX = dKc). Two launches, so that each side's buffers can go before the other's
+    scan."""
+    B, H, Tp, D = X.shape
     N = Mb.shape[2]
     _kernels()[7][(-(-N // C), B * H)](
-        Qt, Kt, Mb, PS, SS, dQs, dKc, dMc, dQt, dKt, dM, N, C,
-        D=D, BT=Tp // N, PREC=prec, **launch_opts,
+        X, Mb, saved, dX, _dummy(X.device) if dMc is None else dMc, dXt, dM, N, C,
+        D=D, BT=Tp // N, KEYS=dMc is None, PREC=prec, **launch_opts,
     )
 
 
@@ -1157,9 +1156,16 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         def total(x):
             return x[:, :, 0] if NGw == 1 else x.sum(2)
 
-        dKt, dV, dGcol = total(dKp), total(dVp), total(dGcolp)
+        # one sum at a time, each group's partials freed before the next, the largest last: the
+        # peak stays that of the scan
+        dGcol = total(dGcolp)
+        del dGcolp
+        dKt = total(dKp)
+        del dKp
+        dV = total(dVp)
+        del dVp
         dM = total(dMp) if has_hh else dummy
-        del dKp, dVp, dGcolp, dMp
+        del dMp
 
         # 2. pairs across chunks: queries at their chunk's start, keys at their chunk's end
         if N > C:
@@ -1178,6 +1184,13 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
                 N, C, NGq, float(scale), **scan, **opts("cross_q"),
             )
             del RSc
+            if has_hh:
+                dMc = dMcp[:, :, 0] if NGq == 1 else dMcp.sum(2)  # fixed order: reproducible
+                _chunk_edges_backward(Qt, Mb, PS, dQs, dMc.contiguous(), dQt, dM, C, prec, opts("edges_bwd"))
+                del dMc, dMcp, PS
+            else:
+                dQt += dQs
+            del dQs
             # dKc and the rest of dV (keys first)
             NGk = _num_groups((NC - 1) * C, B * H, dev, num_warps)
             dKc = torch.zeros(B, H, Tp, D, **f32)
@@ -1189,14 +1202,11 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             )
             del KS
             if has_hh:
-                dMc = dMcp[:, :, 0] if NGq == 1 else dMcp.sum(2)  # fixed order: reproducible
-                _chunk_edges_backward(Qt, Kt, Mb, PS, SS, dQs, dKc, dMc.contiguous(), dQt, dKt, dM, C, prec,
-                                      opts("edges_bwd"))
-                del PS, SS
+                _chunk_edges_backward(Kt, Mb, SS, dKc, None, dKt, dM, C, prec, opts("edges_bwd"))
+                del SS
             else:
-                dQt += dQs
                 dKt += dKc
-            del dQs, dKc, Qs, Kc, Mc
+            del dKc, Qs, Kc, Mc
 
         # 3. the block-local algebra
         dv = dV[:, :, :T].transpose(1, 2)
