@@ -50,12 +50,14 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
       with the adjoint dkf <- dkf Mc_c at each chunk: dV_J and dKc_J stay in registers.
    d. The chunk edges' backward (_edges_bwd_kernel, one program per chunk): dQs, dKc and dMc
       go back into dQt, dKt and dM through the adjoints of P_b and S_b, from the P_b and S_b
-      that the backward's chunk edges stored.
+      that the backward's chunk edges stored; the queries' side right after scan b, the keys'
+      side after scan c, so that each side's buffers are freed before the next are allocated.
    Partial sums that several programs make (dMc; dV, dKt, dM within a chunk are owned by its
    program) live in buffers per program and are summed in torch in a fixed order: gradients
    are bitwise reproducible, without atomics.
-5. Preprocessing backward (_prep_bwd_kernel, one program per block), from dQt, dKt, dS (the
-   intra-block logits' gradient) and dM, with the block inverse X. The backward uses the
+5. Preprocessing backward (_prep_bwd_kernel, one program per block, in three launches that each
+   take one of the products with X below), from dQt, dKt, dS (the intra-block logits' gradient)
+   and dM, with the block inverse X. The backward uses the
    forward's preprocessing results (Qt, Kt, M, the logits, X), kept for it, or runs the
    preprocessing again when they were not kept. With ds = scale dS:
        dQ = dQt + ds K,  dK = dKt + ds^T Q
@@ -101,7 +103,7 @@ _KERNELS = None
 
 def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
-    global _KERNELS, _carry, _attend  # helpers are module globals: kernels look names up there
+    global _KERNELS, _carry, _attend, _load_f32  # helpers are module globals: kernels look names up there
     if _KERNELS is not None:
         return _KERNELS
 
@@ -115,6 +117,12 @@ def _kernels():
             # 16-bit inputs: float16 operands (tf32's mantissa, twice its rate), float32 sums
             return tl.dot(x.to(tl.float16), m.to(tl.float16))
         return tl.dot(x, m.to(tl.float32), input_precision=PREC)
+
+    @triton.jit
+    def _load_f32(ptr, offs, mask):
+        """A [BT, D] tile of a [B, T, H, D] input in float32, loaded again where it is used
+        (volatile: not merged with earlier loads) so that it is not kept live in between."""
+        return tl.load(ptr + offs, mask=mask, other=0.0, volatile=True).to(tl.float32)
 
     @triton.jit
     def _attend(r, kt, v, m, l, acc, gq, gk, scale, HAS_GATE: tl.constexpr, PREC: tl.constexpr):
@@ -204,9 +212,25 @@ def _kernels():
         Tp = N * BT
         rows = tl.arange(0, BT)
         cols = tl.arange(0, D)
-        base = bh * Tp * D
         own = bh * NG + g  # this program's slot in the partial sums and the scratch
-        pbase = own * Tp * D
+        # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
+        QT += bh * Tp * D
+        KT += bh * Tp * D
+        V += bh * Tp * D
+        DO += bh * Tp * D
+        DQT += bh * Tp * D
+        DKP += own * Tp * D
+        DVP += own * Tp * D
+        RS += own * Tp * D
+        MB += bh * N * D * D
+        DMP += own * N * D * D
+        SI += bh * N * BT * BT
+        DSI += bh * N * BT * BT
+        G += bh * Tp
+        LSE += bh * Tp
+        DELTA += bh * Tp
+        DGROW += bh * Tp
+        DGCOLP += own * Tp
         DS: tl.constexpr = 64 if D > 64 else D
         slab = tl.arange(0, DS)
         causal = rows[None, :] <= rows[:, None]
@@ -216,14 +240,13 @@ def _kernels():
             # the previous query block's reads of RS and the partial sums are done
             tl.debug_barrier()
             offs_i = ib * BT + rows
-            tile_i = base + offs_i[:, None] * D + cols[None, :]
-            part_i = pbase + offs_i[:, None] * D + cols[None, :]  # the same rows, in the partial sums
+            tile_i = offs_i[:, None] * D + cols[None, :]  # in every [Tp, D] buffer
             do = tl.load(DO + tile_i)
-            delta = tl.load(DELTA + bh * Tp + offs_i)
-            lse = tl.load(LSE + bh * Tp + offs_i)
+            delta = tl.load(DELTA + offs_i)
+            lse = tl.load(LSE + offs_i)
 
             # the query block's own keys
-            si_ptr = (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :]
+            si_ptr = ib * BT * BT + rows[:, None] * BT + rows[None, :]
             s = tl.load(SI + si_ptr)
             p = tl.where(causal, tl.exp(s - lse[:, None]), 0.0)
             v = tl.load(V + tile_i)
@@ -231,7 +254,7 @@ def _kernels():
             ds = p * (dp - delta[:, None])
             tl.debug_barrier()  # DSI may be SI itself: every thread has read its logits
             tl.store(DSI + si_ptr, ds)
-            dv_ptr = DVP + part_i
+            dv_ptr = DVP + tile_i
             tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
 
             qt = tl.load(QT + tile_i).to(tl.float32)
@@ -240,52 +263,51 @@ def _kernels():
                 # replay the forward carry of the queries within the chunk, keeping each position
                 for jj in range(0, ib - first):
                     jb = ib - 1 - jj
-                    tl.store(RS + pbase + (jb * BT + rows)[:, None] * D + cols[None, :], r.to(RS.dtype.element_ty))
-                    r = _carry(r, MB + (bh * N + jb) * D * D, cols, D, False, HH16, PREC)
+                    tl.store(RS + (jb * BT + rows)[:, None] * D + cols[None, :], r.to(RS.dtype.element_ty))
+                    r = _carry(r, MB + jb * D * D, cols, D, False, HH16, PREC)
                 # RS is read back below in another register layout, i.e. by other threads
                 tl.debug_barrier()
             gq = tl.zeros([BT], dtype=tl.float32)
             if HAS_GATE:
-                gq = tl.load(G + bh * Tp + offs_i)
+                gq = tl.load(G + offs_i)
             dg_row = tl.zeros([BT], dtype=tl.float32)
             dr = tl.zeros([BT, D], dtype=tl.float32)
             for jb in range(first, ib):
                 offs_j = jb * BT + rows
-                tile_j = base + offs_j[:, None] * D + cols[None, :]
-                part_j = pbase + offs_j[:, None] * D + cols[None, :]
+                tile_j = offs_j[:, None] * D + cols[None, :]
                 if HAS_HH:
-                    r = tl.load(RS + part_j).to(tl.float32)
+                    r = tl.load(RS + tile_j).to(tl.float32)
                 kt = tl.load(KT + tile_j)
                 rb = r.to(DT)
                 s = tl.dot(rb, tl.trans(kt), input_precision=PREC) * scale
                 if HAS_GATE:
-                    s += gq[:, None] - tl.load(G + bh * Tp + offs_j)[None, :]
+                    s += gq[:, None] - tl.load(G + offs_j)[None, :]
                 p = tl.exp(s - lse[:, None])
                 dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
                 dsb = (ds * scale).to(DT)
-                dv_ptr = DVP + part_j
+                dv_ptr = DVP + tile_j
                 tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
-                dk_ptr = DKP + part_j
+                dk_ptr = DKP + tile_j
                 tl.store(dk_ptr, tl.dot(tl.trans(dsb), rb, acc=tl.load(dk_ptr), input_precision=PREC))
                 if HAS_GATE:
                     dg_row += tl.sum(ds, 1)
-                    dgc_ptr = DGCOLP + own * Tp + offs_j
+                    dgc_ptr = DGCOLP + offs_j
                     tl.store(dgc_ptr, tl.load(dgc_ptr) - tl.sum(ds, 0))
                 if HAS_HH:
                     # dr is dL/d(queries before block jb); carry it back across the block.
                     # dL/dM_jb += r^T dr, in row slabs of at most 64 (smaller layout conversions)
                     for sl in tl.static_range(D // DS):
                         if D > DS:
-                            rs = tl.load(RS + pbase + offs_j[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
+                            rs = tl.load(RS + offs_j[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
                         else:
                             rs = r
-                        dm_ptr = DMP + (own * N + jb) * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
+                        dm_ptr = DMP + jb * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
                         tl.store(dm_ptr, tl.dot(tl.trans(rs), dr, acc=tl.load(dm_ptr), input_precision=PREC))
-                    dr = _carry(dr, MB + (bh * N + jb) * D * D, cols, D, True, False, PREC)
+                    dr = _carry(dr, MB + jb * D * D, cols, D, True, False, PREC)
                 dr = tl.dot(dsb, kt, acc=dr, input_precision=PREC)
             tl.store(DQT + tile_i, dr)
-            tl.store(DGROW + bh * Tp + offs_i, dg_row)
+            tl.store(DGROW + offs_i, dg_row)
 
     @triton.jit(do_not_specialize=["N", "C", "NG"])
     def _bwd_cross_q_kernel(
@@ -302,8 +324,20 @@ def _kernels():
         NC = (N + C - 1) // C
         rows = tl.arange(0, BT)
         cols = tl.arange(0, D)
-        base = bh * Tp * D
         own = bh * NG + g  # this program's slot in the scratch and the partial sums
+        # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
+        QS += bh * Tp * D
+        KC += bh * Tp * D
+        V += bh * Tp * D
+        DO += bh * Tp * D
+        DQS += bh * Tp * D
+        MC += bh * NC * D * D
+        DMCP += own * NC * D * D
+        RS += own * NC * BT * D
+        G += bh * Tp
+        LSE += bh * Tp
+        DELTA += bh * Tp
+        DGROW += bh * Tp
         DS: tl.constexpr = 64 if D > 64 else D
         slab = tl.arange(0, DS)
 
@@ -312,33 +346,33 @@ def _kernels():
             tl.debug_barrier()  # the previous query block's reads of RS are done
             first = (ib // C) * C
             offs_i = ib * BT + rows
-            tile_i = base + offs_i[:, None] * D + cols[None, :]
+            tile_i = offs_i[:, None] * D + cols[None, :]
             do = tl.load(DO + tile_i)
-            delta = tl.load(DELTA + bh * Tp + offs_i)
-            lse = tl.load(LSE + bh * Tp + offs_i)
+            delta = tl.load(DELTA + offs_i)
+            lse = tl.load(LSE + offs_i)
             qs = tl.load(QS + tile_i).to(tl.float32)
             r = qs
             if HAS_HH:
                 # replay the chunk-level carry of the queries, keeping them at each chunk's end
                 for cc in range(0, ib // C):
                     c = ib // C - 1 - cc
-                    tl.store(RS + (own * NC + c) * BT * D + rows[:, None] * D + cols[None, :], r.to(RS.dtype.element_ty))
+                    tl.store(RS + c * BT * D + rows[:, None] * D + cols[None, :], r.to(RS.dtype.element_ty))
                     if c > 0:
-                        r = _carry(r, MC + (bh * NC + c) * D * D, cols, D, False, HH16, PREC)
+                        r = _carry(r, MC + c * D * D, cols, D, False, HH16, PREC)
                 tl.debug_barrier()
             gq = tl.zeros([BT], dtype=tl.float32)
             if HAS_GATE:
-                gq = tl.load(G + bh * Tp + offs_i)
+                gq = tl.load(G + offs_i)
             dg_row = tl.zeros([BT], dtype=tl.float32)
             dr = tl.zeros([BT, D], dtype=tl.float32)
             for jb in range(0, first):
                 offs_j = jb * BT + rows
-                tile_j = base + offs_j[:, None] * D + cols[None, :]
+                tile_j = offs_j[:, None] * D + cols[None, :]
                 c = jb // C
                 if HAS_HH:
                     if jb == c * C:
                         # entering chunk c: dr is dL/d(queries before it); carry dr across it
-                        rs_c = RS + (own * NC + c) * BT * D
+                        rs_c = RS + c * BT * D
                         r = tl.load(rs_c + rows[:, None] * D + cols[None, :]).to(tl.float32)
                         if c > 0:
                             for sl in tl.static_range(D // DS):
@@ -346,13 +380,13 @@ def _kernels():
                                     rsl = tl.load(rs_c + rows[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
                                 else:
                                     rsl = r
-                                dm_ptr = DMCP + (own * NC + c) * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
+                                dm_ptr = DMCP + c * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
                                 tl.store(dm_ptr, tl.dot(tl.trans(rsl), dr, acc=tl.load(dm_ptr), input_precision=PREC))
-                            dr = _carry(dr, MC + (bh * NC + c) * D * D, cols, D, True, False, PREC)
+                            dr = _carry(dr, MC + c * D * D, cols, D, True, False, PREC)
                 kc = tl.load(KC + tile_j)
                 s = tl.dot(r.to(DT), tl.trans(kc), input_precision=PREC) * scale
                 if HAS_GATE:
-                    s += gq[:, None] - tl.load(G + bh * Tp + offs_j)[None, :]
+                    s += gq[:, None] - tl.load(G + offs_j)[None, :]
                 p = tl.exp(s - lse[:, None])
                 dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
@@ -361,7 +395,7 @@ def _kernels():
                     dg_row += tl.sum(ds, 1)
             tl.store(DQS + tile_i, dr)
             if HAS_GATE:
-                tl.store(DGROW + bh * Tp + offs_i, tl.load(DGROW + bh * Tp + offs_i) + dg_row)
+                tl.store(DGROW + offs_i, tl.load(DGROW + offs_i) + dg_row)
 
     @triton.jit(do_not_specialize=["N", "C", "NG"])
     def _bwd_cross_kv_kernel(
@@ -378,27 +412,39 @@ def _kernels():
         NC = (N + C - 1) // C
         rows = tl.arange(0, BT)
         cols = tl.arange(0, D)
-        base = bh * Tp * D
         own = bh * NG + g
+        # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
+        QS += bh * Tp * D
+        KC += bh * Tp * D
+        V += bh * Tp * D
+        DO += bh * Tp * D
+        DKC += bh * Tp * D
+        DV += bh * Tp * D
+        MC += bh * NC * D * D
+        KS += own * NC * BT * D
+        G += bh * Tp
+        LSE += bh * Tp
+        DELTA += bh * Tp
+        DGCOL += bh * Tp
 
         DT = KC.dtype.element_ty
         for jb in range(g, (NC - 1) * C, NG):
             tl.debug_barrier()  # the previous key block's reads of KS are done
             offs_j = jb * BT + rows
-            tile_j = base + offs_j[:, None] * D + cols[None, :]
+            tile_j = offs_j[:, None] * D + cols[None, :]
             kf = tl.load(KC + tile_j)
             if HAS_HH:
                 # the keys carried forward a chunk at a time, kept at each later chunk's start
                 kc = kf.to(tl.float32)
                 for c in range(jb // C + 1, NC):
-                    tl.store(KS + (own * NC + c) * BT * D + rows[:, None] * D + cols[None, :], kc.to(KS.dtype.element_ty))
+                    tl.store(KS + c * BT * D + rows[:, None] * D + cols[None, :], kc.to(KS.dtype.element_ty))
                     if c < NC - 1:
-                        kc = _carry(kc, MC + (bh * NC + c) * D * D, cols, D, True, HH16, PREC)
+                        kc = _carry(kc, MC + c * D * D, cols, D, True, HH16, PREC)
                 tl.debug_barrier()
             v = tl.load(V + tile_j)
             gk = tl.zeros([BT], dtype=tl.float32)
             if HAS_GATE:
-                gk = tl.load(G + bh * Tp + offs_j)
+                gk = tl.load(G + offs_j)
             dkf = tl.zeros([BT, D], dtype=tl.float32)  # dL/d(the carried keys)
             dv = tl.zeros([BT, D], dtype=tl.float32)
             dg_col = tl.zeros([BT], dtype=tl.float32)
@@ -409,18 +455,18 @@ def _kernels():
                     if ib == tl.minimum(c * C + C, N) - 1:
                         # entering chunk c from its end: carry dkf back across it
                         if c < NC - 1:
-                            dkf = _carry(dkf, MC + (bh * NC + c) * D * D, cols, D, False, False, PREC)
-                        kf = tl.load(KS + (own * NC + c) * BT * D + rows[:, None] * D + cols[None, :]).to(DT)
+                            dkf = _carry(dkf, MC + c * D * D, cols, D, False, False, PREC)
+                        kf = tl.load(KS + c * BT * D + rows[:, None] * D + cols[None, :]).to(DT)
                 offs_i = ib * BT + rows
-                tile_i = base + offs_i[:, None] * D + cols[None, :]
+                tile_i = offs_i[:, None] * D + cols[None, :]
                 qs = tl.load(QS + tile_i)
                 s = tl.dot(qs, tl.trans(kf), input_precision=PREC) * scale
                 if HAS_GATE:
-                    s += tl.load(G + bh * Tp + offs_i)[:, None] - gk[None, :]
-                p = tl.exp(s - tl.load(LSE + bh * Tp + offs_i)[:, None])
+                    s += tl.load(G + offs_i)[:, None] - gk[None, :]
+                p = tl.exp(s - tl.load(LSE + offs_i)[:, None])
                 do = tl.load(DO + tile_i)
                 dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-                ds = p * (dp - tl.load(DELTA + bh * Tp + offs_i)[:, None])
+                ds = p * (dp - tl.load(DELTA + offs_i)[:, None])
                 dv = tl.dot(tl.trans(p.to(DT)), do, acc=dv, input_precision=PREC)
                 dkf = tl.dot(tl.trans((ds * scale).to(DT)), qs, acc=dkf, input_precision=PREC)
                 if HAS_GATE:
@@ -428,7 +474,7 @@ def _kernels():
             tl.store(DKC + tile_j, dkf)
             tl.store(DV + tile_j, tl.load(DV + tile_j) + dv)
             if HAS_GATE:
-                tl.store(DGCOL + bh * Tp + offs_j, tl.load(DGCOL + bh * Tp + offs_j) + dg_col)
+                tl.store(DGCOL + offs_j, tl.load(DGCOL + offs_j) + dg_col)
 
     @triton.jit(do_not_specialize=["T", "H", "N"])
     def _prep_fwd_kernel(
@@ -447,15 +493,22 @@ def _kernels():
         cols = tl.arange(0, D)
         t = ib * BT + rows
         valid = t < T
-        src = b * T * H * D + t[:, None] * (H * D) + h * D + cols[None, :]
-        dst = bh * Tp * D + t[:, None] * D + cols[None, :]
+        # the block's (batch, head) goes into the pointers: 32-bit offsets within (registers)
+        Q += b * T * H * D + h * D
+        K += b * T * H * D + h * D
+        W += b * T * H * D + h * D
+        BETA += b * T * H + h
+        QT += bh * Tp * D
+        KT += bh * Tp * D
+        src = t[:, None] * (H * D) + cols[None, :]
+        dst = t[:, None] * D + cols[None, :]
         q = tl.load(Q + src, mask=valid[:, None], other=0.0).to(tl.float32)
         k = tl.load(K + src, mask=valid[:, None], other=0.0).to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PREC)
         if HAS_HH:
             # operands are re-loaded (volatile) near their products: short-lived shared copies
             m2 = valid[:, None]
-            beta = tl.load(BETA + b * T * H + t * H + h, mask=valid, other=0.0).to(tl.float32)
+            beta = tl.load(BETA + t * H, mask=valid, other=0.0).to(tl.float32)
             # X = (I + L)^{-1}, L = strictly_lower(diag(beta) W W^T), by recursive doubling of the
             # inverted diagonal blocks: for a block [[A, 0], [C, B]] of I + L whose halves are
             # inverted, the inverse is [[A^-1, 0], [-B^-1 C A^-1, B^-1]].
@@ -477,7 +530,7 @@ def _kernels():
             DS: tl.constexpr = 64 if D > 64 else D
             slab = tl.arange(0, DS)
             for sl in tl.static_range(D // DS):
-                ws = tl.load(W + b * T * H * D + t[:, None] * (H * D) + h * D + sl * DS + slab[None, :],
+                ws = tl.load(W + t[:, None] * (H * D) + sl * DS + slab[None, :],
                              mask=m2, other=0.0, volatile=True).to(tl.float32)
                 eye = tl.where((sl * DS + slab)[:, None] == cols[None, :], 1.0, 0.0)
                 mb = eye - tl.dot(tl.trans(ws), u, input_precision=HPREC)
@@ -508,17 +561,22 @@ def _kernels():
 
     @triton.jit(do_not_specialize=["T", "H", "N"])
     def _prep_bwd_kernel(
-        Q, K, W, BETA, DQT, DKT, DSI, DP, XS,
+        Q, K, W, BETA, DQT, DKT, DSI, DP, XS, DQWK,
         DQ, DK, DW, DBETA, DGL,
         T, H, N, scale,
-        D: tl.constexpr, BT: tl.constexpr,
-        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HPREC: tl.constexpr,
-        XPREC: tl.constexpr,
+        D: tl.constexpr, BT: tl.constexpr, PART: tl.constexpr,
+        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, XPREC: tl.constexpr,
     ):
-        # The algebra is grouped so that every operand of a matrix product is loaded (or
-        # re-loaded, volatile so that loads are not merged) right before its products: the
-        # compiler's shared-memory copies of dot operands then stay short-lived. X, the block
-        # inverse, was stored in XS by the preprocessing that the backward ran first.
+        # One of three launches, each grouped around one product with X (the block inverse that
+        # the preprocessing stored in XS), so that few [BT, BT] and [BT, D] matrices are live at
+        # once: a single kernel for all three spilled thousands of bytes a thread. The sums
+        # that span parts stay in memory, in rows this program alone owns: dQ, dK, dW, dbeta,
+        # dQW and dWK (their scratch), and dL, which overwrites the intra-block logits' gradient
+        # once part 0 has read it. dQW (lower triangle with the diagonal) and dWK (strictly lower)
+        # share one scratch block, dWK transposed into its upper triangle.
+        #   part 0: dQ = dQt + ds K, dK = dKt + ds^T Q; P1 = X^T dE: dbeta, dWK, dQW, dL
+        #   part 1: P2 = X^T dU: dW, dbeta, dL; dQW complete: dQ, dW
+        #   part 2: P3 = X diag(b) dR: dW, dbeta; dL and dWK complete: dK, dW, dbeta
         ib = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
         b = bh // H
@@ -529,92 +587,98 @@ def _kernels():
         t = ib * BT + rows
         valid = t < T
         m2 = valid[:, None]
-        src = b * T * H * D + t[:, None] * (H * D) + h * D + cols[None, :]
-        dst = bh * Tp * D + t[:, None] * D + cols[None, :]
-        si = (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :]
-        dpi = (bh * N + ib) * D * D + cols[:, None] * D + cols[None, :]
+        # the block's (batch, head) goes into the pointers, so the tiles' offsets are 32-bit
+        # (64-bit offset tiles cost registers in every part)
+        Q += b * T * H * D + h * D
+        K += b * T * H * D + h * D
+        W += b * T * H * D + h * D
+        DQ += b * T * H * D + h * D
+        DK += b * T * H * D + h * D
+        DW += b * T * H * D + h * D
+        BETA += b * T * H + h
+        DBETA += b * T * H + h
+        DQT += bh * Tp * D
+        DKT += bh * Tp * D
+        DGL += bh * Tp
+        DSI += (bh * N + ib) * BT * BT
+        XS += (bh * N + ib) * BT * BT
+        DQWK += (bh * N + ib) * BT * BT
+        DP += (bh * N + ib) * D * D
+        src = t[:, None] * (H * D) + cols[None, :]
+        dst = t[:, None] * D + cols[None, :]
+        si = rows[:, None] * BT + rows[None, :]
+        si_t = rows[None, :] * BT + rows[:, None]  # the same block, transposed
+        dpi = cols[:, None] * D + cols[None, :]
         lower = rows[None, :] <= rows[:, None]  # [i, s]: s <= i
         strict = rows[None, :] < rows[:, None]  # [t, j]: j < t
-        ds = tl.load(DSI + si)
-        ds = tl.where(lower, ds, 0.0)
-        if HAS_GATE:
-            tl.store(DGL + bh * Tp + t, tl.sum(ds, 1) - tl.sum(ds, 0))
-        ds = ds * scale
-        q = tl.load(Q + src, mask=m2, other=0.0).to(tl.float32)
-        k = tl.load(K + src, mask=m2, other=0.0).to(tl.float32)
-        dq = tl.load(DQT + dst) + tl.dot(ds, k, input_precision=PREC)
-        dk = tl.load(DKT + dst) + tl.dot(tl.trans(ds), q, input_precision=PREC)
+        bt = t * H
         if HAS_HH:
-            tl.store(DQ + src, dq, mask=m2)
-            tl.store(DK + src, dk, mask=m2)
-            beta = tl.load(BETA + b * T * H + t * H + h, mask=valid, other=0.0)
-            # products without X
-            q = tl.load(Q + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
-            QW = tl.where(lower, tl.dot(q, tl.trans(w), input_precision=PREC), 0.0)
-            ds = tl.where(lower, tl.load(DSI + si, volatile=True), 0.0) * scale
-            dE = -tl.dot(tl.trans(QW), ds, input_precision=PREC)
-            dqt = tl.load(DQT + dst, volatile=True)
-            dP = tl.load(DP + dpi, volatile=True)
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
-            du = -tl.dot(tl.trans(QW), dqt, input_precision=PREC) - tl.dot(w, dP, input_precision=PREC)
-            k = tl.load(K + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
-            WK = tl.where(strict, tl.dot(w, tl.trans(k), input_precision=PREC), 0.0)
-            dkt = tl.load(DKT + dst, volatile=True)
-            dR = -tl.dot(WK, dkt, input_precision=PREC)
-            # E = X diag(beta) WK and P1 = X^T dE
-            X = tl.load(XS + si, volatile=True)
-            E = tl.dot(X, WK * beta[:, None], input_precision=PREC)
-            P1 = tl.dot(tl.trans(X), dE, input_precision=PREC)
-            dbeta = tl.sum(P1 * WK, 1)
-            dWK = P1 * beta[:, None]
-            dL = -tl.dot(P1, tl.trans(E), input_precision=PREC)
-            ds = tl.where(lower, tl.load(DSI + si, volatile=True), 0.0) * scale
-            dQW = -tl.dot(ds, tl.trans(E), input_precision=PREC)
-            # U = X diag(beta) W and P2 = X^T du
-            X = tl.load(XS + si, volatile=True)
-            P2 = tl.dot(tl.trans(X), du, input_precision=PREC)
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
-            u = tl.dot(X, w * beta[:, None], input_precision=XPREC)
-            dbeta += tl.sum(P2 * w, 1)
-            dw = P2 * beta[:, None]
-            dL -= tl.dot(P2, tl.trans(u), input_precision=PREC)
-            dqt = tl.load(DQT + dst, volatile=True)
-            dQW -= tl.dot(dqt, tl.trans(u), input_precision=PREC)
-            dP = tl.load(DP + dpi, volatile=True)
-            dw -= tl.dot(u, tl.trans(dP), input_precision=PREC)
-            # R = diag(beta) M2 with M2 = X^T W, and P3 = X diag(beta) dR
-            X = tl.load(XS + si, volatile=True)
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
-            M2 = tl.dot(tl.trans(X), w, input_precision=XPREC)
-            P3 = tl.dot(X, dR * beta[:, None], input_precision=PREC)
-            dbeta += tl.sum(dR * M2, 1)
-            dw += P3
-            dL -= tl.dot(M2, tl.trans(P3), input_precision=PREC)
-            dkt = tl.load(DKT + dst, volatile=True)
-            dWK -= tl.dot(M2 * beta[:, None], tl.trans(dkt), input_precision=PREC)
-            # L = strictly_lower(diag(beta) W W^T)
-            dL = tl.where(strict, dL, 0.0)
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
-            dbeta += tl.sum(dL * tl.dot(w, tl.trans(w), input_precision=PREC), 1)
-            dLb = dL * beta[:, None]
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
-            dw += tl.dot(dLb, w, input_precision=PREC) + tl.dot(tl.trans(dLb), w, input_precision=PREC)
-            # QW = tril(Q W^T), WK = strictly_lower(W K^T)
-            dQW = tl.where(lower, dQW, 0.0)
-            dWK = tl.where(strict, dWK, 0.0)
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True)
-            tl.debug_barrier()  # DQ, DK were stored above, in another layout
-            dq = tl.load(DQ + src, mask=m2, other=0.0, volatile=True) + tl.dot(dQW, w, input_precision=PREC)
-            dk = tl.load(DK + src, mask=m2, other=0.0, volatile=True) + tl.dot(tl.trans(dWK), w, input_precision=PREC)
-            q = tl.load(Q + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
-            k = tl.load(K + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
-            dw += tl.dot(tl.trans(dQW), q, input_precision=PREC) + tl.dot(dWK, k, input_precision=PREC)
+            beta = tl.load(BETA + bt, mask=valid, other=0.0)
+        if PART == 0:
+            ds = tl.where(lower, tl.load(DSI + si), 0.0)
+            if HAS_GATE:
+                tl.store(DGL + t, tl.sum(ds, 1) - tl.sum(ds, 0))
+            ds = ds * scale
+            k = _load_f32(K, src, m2)
+            tl.store(DQ + src, tl.load(DQT + dst) + tl.dot(ds, k, input_precision=PREC), mask=m2)
+            q = _load_f32(Q, src, m2)
+            tl.store(DK + src, tl.load(DKT + dst) + tl.dot(tl.trans(ds), q, input_precision=PREC), mask=m2)
+            if HAS_HH:
+                # E = X diag(b) WK, dE = -QW^T ds, P1 = X^T dE
+                QW = tl.where(lower, tl.dot(q, tl.trans(_load_f32(W, src, m2)), input_precision=PREC), 0.0)
+                dE = -tl.dot(tl.trans(QW), ds, input_precision=PREC)
+                k = _load_f32(K, src, m2)
+                WK = tl.where(strict, tl.dot(_load_f32(W, src, m2), tl.trans(k), input_precision=PREC), 0.0)
+                E = tl.dot(tl.load(XS + si, volatile=True), WK * beta[:, None], input_precision=PREC)
+                tl.store(DQWK + si, -tl.dot(ds, tl.trans(E), input_precision=PREC), mask=lower)
+                P1 = tl.dot(tl.trans(tl.load(XS + si, volatile=True)), dE, input_precision=PREC)
+                tl.store(DBETA + bt, tl.sum(P1 * WK, 1), mask=valid)
+                tl.store(DQWK + si_t, P1 * beta[:, None], mask=strict)
+                tl.debug_barrier()  # every thread has read its intra-block gradients
+                tl.store(DSI + si, -tl.dot(P1, tl.trans(E), input_precision=PREC))
+        elif PART == 1:
+            # U = X diag(b) W, dU = -QW^T dQt - W dM, P2 = X^T dU
+            dqt = tl.load(DQT + dst)
+            QW = tl.where(lower, tl.dot(_load_f32(Q, src, m2), tl.trans(_load_f32(W, src, m2)), input_precision=PREC),
+                          0.0)
+            du = -tl.dot(tl.trans(QW), dqt, input_precision=PREC)
+            du = -tl.dot(_load_f32(W, src, m2), tl.load(DP + dpi, volatile=True), acc=-du, input_precision=PREC)
+            P2 = tl.dot(tl.trans(tl.load(XS + si, volatile=True)), du, input_precision=PREC)
+            w = _load_f32(W, src, m2)
+            tl.store(DBETA + bt, tl.load(DBETA + bt, mask=valid, other=0.0) + tl.sum(P2 * w, 1), mask=valid)
+            u = tl.dot(tl.load(XS + si, volatile=True), w * beta[:, None], input_precision=XPREC)
+            tl.store(DSI + si, tl.load(DSI + si) - tl.dot(P2, tl.trans(u), input_precision=PREC))
+            dw = P2 * beta[:, None] - tl.dot(u, tl.trans(tl.load(DP + dpi, volatile=True)), input_precision=PREC)
+            # dQW is complete: QW = tril(Q W^T)
+            dQW = tl.where(lower, tl.load(DQWK + si) - tl.dot(dqt, tl.trans(u), input_precision=PREC), 0.0)
+            dw = tl.dot(tl.trans(dQW), _load_f32(Q, src, m2), acc=dw, input_precision=PREC)
             tl.store(DW + src, dw, mask=m2)
-            tl.store(DBETA + b * T * H + t * H + h, dbeta, mask=valid)
-        tl.store(DQ + src, dq, mask=m2)
-        tl.store(DK + src, dk, mask=m2)
+            tl.store(DQ + src, tl.dot(dQW, _load_f32(W, src, m2), acc=tl.load(DQ + src, mask=m2, other=0.0),
+                                      input_precision=PREC), mask=m2)
+        else:
+            # R = diag(b) M2 with M2 = X^T W, dR = -WK dKt, P3 = X diag(b) dR
+            dkt = tl.load(DKT + dst)
+            WK = tl.where(strict, tl.dot(_load_f32(W, src, m2), tl.trans(_load_f32(K, src, m2)), input_precision=PREC),
+                          0.0)
+            dR = -tl.dot(WK, dkt, input_precision=PREC)
+            P3 = tl.dot(tl.load(XS + si, volatile=True), dR * beta[:, None], input_precision=PREC)
+            M2 = tl.dot(tl.trans(tl.load(XS + si, volatile=True)), _load_f32(W, src, m2), input_precision=XPREC)
+            db = tl.sum(dR * M2, 1)
+            # dL and dWK are complete: L = strictly_lower(diag(b) W W^T), WK = strictly_lower(W K^T)
+            dL = tl.where(strict, tl.load(DSI + si) - tl.dot(M2, tl.trans(P3), input_precision=PREC), 0.0)
+            dWK = tl.where(strict, tl.load(DQWK + si_t) - tl.dot(M2 * beta[:, None], tl.trans(dkt), input_precision=PREC),
+                           0.0)
+            dw = tl.load(DW + src, mask=m2, other=0.0) + P3
+            w = _load_f32(W, src, m2)
+            db += tl.sum(dL * tl.dot(w, tl.trans(w), input_precision=PREC), 1)
+            tl.store(DBETA + bt, tl.load(DBETA + bt, mask=valid, other=0.0) + db, mask=valid)
+            dLb = dL * beta[:, None]
+            dw = tl.dot(dLb, w, acc=dw, input_precision=PREC)
+            dw = tl.dot(tl.trans(dLb), _load_f32(W, src, m2), acc=dw, input_precision=PREC)
+            dw = tl.dot(dWK, _load_f32(K, src, m2), acc=dw, input_precision=PREC)
+            tl.store(DW + src, dw, mask=m2)
+            tl.store(DK + src, tl.dot(tl.trans(dWK), _load_f32(W, src, m2), acc=tl.load(DK + src, mask=m2, other=0.0),
+                                      input_precision=PREC), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "C"])
     def _edges_fwd_kernel(
@@ -772,12 +836,14 @@ _FLOAT32_CONFIGS = {("bwd", 128): [(32, 4, 1), (16, 4, 1)]}
 # Blocks of 64 tokens with 16-bit inputs at D = 64 and 128, the shapes that are timed: each
 # kernel's own (num_warps, num_stages), the fastest of (8, 1), (4, 2), (8, 2) and (4, 3) per
 # kernel on the H200 (results/kernel/launch.log); the within-chunk backward at D = 128 fits
-# only one stage.
+# only one stage. The preprocessing backward, since it runs in three parts, takes (4, 1): 3.83 ms
+# against 3.96 with (8, 1) at D = 128, and 2.28 against 2.29 with (4, 2) at D = 64, for 16K tokens
+# of 16 and 32 heads (results/kernel/variants.log).
 _KERNEL_LAUNCH_64 = {
     64: {"prep_fwd": (4, 2), "fwd": (4, 2), "edges_fwd": (4, 2), "within": (4, 2),
-         "cross_q": (4, 3), "cross_kv": (4, 3), "edges_bwd": (4, 2), "prep_bwd": (4, 2)},
+         "cross_q": (4, 3), "cross_kv": (4, 3), "edges_bwd": (4, 2), "prep_bwd": (4, 1)},
     128: {"prep_fwd": (8, 1), "fwd": (4, 3), "edges_fwd": (4, 2), "within": (8, 1),
-          "cross_q": (8, 2), "cross_kv": (4, 2), "edges_bwd": (8, 1), "prep_bwd": (8, 1)},
+          "cross_q": (8, 2), "cross_kv": (4, 2), "edges_bwd": (8, 1), "prep_bwd": (4, 1)},
 }
 _BLOCK_LOCAL = ("prep_fwd", "prep_bwd", "edges_fwd", "edges_bwd")
 FORCE_CONFIG: dict = {}  # kind -> (BT, num_warps, num_stages); used to pre-compile configurations
@@ -1209,20 +1275,24 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             del dKc, Qs, Kc, Mc
 
         # 3. the block-local algebra
+        del V, dO, delta, lse
         dv = dV[:, :, :T].transpose(1, 2)
         dq = torch.empty(B, T, H, D, **f32)
         dk = torch.empty(B, T, H, D, **f32)
         dw = torch.empty(B, T, H, D, **f32) if has_hh else dummy
         dbeta = torch.empty(B, T, H, **f32) if has_hh else dummy
         dGl = torch.empty(B, H, Tp, **f32) if has_gate else dummy
-        _kernels()[3][(N, B * H)](
-            qk, kk, wk if has_hh else dummy, bk if has_hh else dummy,
-            dQt, dKt, dSI, dM.contiguous() if has_hh else dummy, XB if has_hh else dummy,
-            dq, dk, dw, dbeta, dGl,
-            T, H, N, float(scale),
-            D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, HPREC=_hprec(q.dtype, dev),
-            XPREC=_xprec(q.dtype, dev), **opts("prep_bwd"),
-        )
+        # three parts (see _prep_bwd_kernel), in order; without w only part 0 has work
+        dQWK = torch.empty(B, H, N, BT, BT, **f32) if has_hh else dummy  # partial sums between parts
+        for part in range(3 if has_hh else 1):
+            _kernels()[3][(N, B * H)](
+                qk, kk, wk if has_hh else dummy, bk if has_hh else dummy,
+                dQt, dKt, dSI, dM if has_hh else dummy, XB if has_hh else dummy, dQWK,
+                dq, dk, dw, dbeta, dGl,
+                T, H, N, float(scale),
+                D=D, BT=BT, PART=part, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, XPREC=_xprec(q.dtype, dev),
+                **opts("prep_bwd"),
+            )
         dlf = None
         if has_gate:
             dG = (dGrow + dGcol + dGl)[:, :, :T]  # dL/dG, G = cumsum(log_fgate)

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # One run on a lent H200 (`run` with carry [".whl"]): tests, model check, benchmark.
-# Writes setup.log, gpu_tests.log, check.log, chunks.log, bench.log, kernel_bench.csv and
-# kernel_bench.png
-# under $OUT; phases are guarded by timeouts so the benchmark always runs. $1: seconds for it all.
+# Writes setup.log, gpu_tests.log, check.log, chunks.log, resources.log, bench.log,
+# kernel_bench.csv and kernel_bench.png under $OUT; phases are guarded by timeouts so the benchmark always runs. $1: seconds for it all.
 # PHASES: which of the three phases below to run (default "1 2 3").
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -22,10 +21,11 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 cat "$OUT/setup.log"
 
 if [[ $phases == *" 1 "* ]]; then
-# phase 1, side by side (correctness only): the GPU tests (the Triton kernel, and CUDA-graph
-# training against eager training), the model check with the 2000-step bf16 training, and
-# pre-compilation for the benchmark
-timeout 170 python3 -m pytest tests/test_triton.py tests/test_runners.py -q -n 6 -p no:cacheprovider \
+# phase 1, side by side (correctness only): the GPU tests (the Triton kernel, CUDA-graph
+# training against eager training, eager RoPE under graph capture), the model check with the
+# 2000-step bf16 training, and pre-compilation for the benchmark
+timeout 280 python3 -m pytest tests/test_triton.py tests/test_runners.py \
+  tests/test_kernels_torch.py::test_eager_rope_can_be_captured_in_a_cuda_graph -q -n 6 -p no:cacheprovider \
   --durations=12 >"$OUT/gpu_tests.log" 2>&1 &
 p1=$!
 timeout 170 python3 -m pathbench.kernels.triton_check >"$OUT/check.log" 2>&1 &
@@ -40,28 +40,12 @@ tail -n 25 "$OUT/gpu_tests.log"; cat "$OUT/check.log"
 fi
 
 if [[ $phases == *" 2 "* ]]; then
-# phase 2, alone on the GPU: fwd+bwd with the whole sequence as one chunk and with chunks of
-# 512 and 1024 tokens (the data behind ONE_CHUNK_TOKENS, CHUNK_TOKENS and LONG_CHUNK_TOKENS);
-# bfloat16 errors against float64 per gradient, one chunk against chunks, one process per head
-# size (a fault ends its process's CUDA context, and D = 32 in chunks has faulted); where the
-# time goes at a training shape, and at 4096 and 16384 tokens
-timeout 100 python3 - >"$OUT/chunks.log" 2>&1 <<'EOF'
-import triton.testing
-from pathbench.kernels import triton_path as tp
-from pathbench.kernels.bench_kernel import _fns, _inputs
-shapes = [(64, 1024, 32, 16), (64, 2048, 32, 8), (64, 4096, 32, 4), (64, 16384, 32, 1), (128, 768, 2, 32),
-          (128, 2048, 16, 8), (128, 4096, 16, 4), (128, 16384, 16, 1)]
-print("fwd+bwd ms (median) by chunk tokens; D, T, H, B")
-for D, T, H, B in shapes:
-    args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
-    _, fwd_bwd, _ = _fns("ours", args, D ** -0.5)
-    row = []
-    for one, tokens in ((T, 512), (0, 512), (0, 1024)):
-        tp.ONE_CHUNK_TOKENS, tp.CHUNK_TOKENS, tp.LONG_CHUNK_TOKENS = one, tokens, tokens
-        ms = triton.testing.do_bench(fwd_bwd, warmup=30, rep=150)
-        row.append(f"{'one' if one else tokens}: {ms:7.2f}")
-    print(f"D={D} T={T} H={H} B={B}  " + "  ".join(row), flush=True)
-EOF
+# phase 2, alone on the GPU: bfloat16 errors against float64 per gradient, one chunk against
+# chunks, one process per head size (a fault ends its process's CUDA context, and D = 32 in
+# chunks has faulted); where the time goes at a training shape, and at 4096 and 16384 tokens;
+# each kernel's registers, spills, shared memory and time at every benchmark shape. (The
+# chunk-size timings behind the chunk constants are chunk_probe.py's.)
+: >"$OUT/chunks.log"
 printf '\nbfloat16 q/k/v against float64, T=1100, B=2, H=2: relative error of out, dq, dk, dv, dw, dbeta\n' \
   >>"$OUT/chunks.log"
 for D in 64 128 32; do
@@ -94,8 +78,11 @@ for shape in "128, 768, 2, 32" "64, 4096, 32, 4" "128, 16384, 16, 1"; do
   timeout 40 python3 -c "from pathbench.kernels.bench_kernel import _profile; _profile($shape, print)" \
     >>"$OUT/chunks.log" 2>&1
 done
-echo "chunk sizes, errors and profiles exit $? at $(el)s" | tee -a "$OUT/setup.log"
+echo "errors and profiles exit $? at $(el)s" | tee -a "$OUT/setup.log"
 cat "$OUT/chunks.log"
+timeout 150 python3 results/kernel/kernel_resources.py >"$OUT/resources.log" 2>&1
+echo "resources exit $? at $(el)s" | tee -a "$OUT/setup.log"
+cat "$OUT/resources.log"
 fi
 
 [[ $phases == *" 3 "* ]] || exit 0

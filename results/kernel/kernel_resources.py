@@ -1,0 +1,79 @@
+"""Each Triton kernel's registers, spilled bytes, shared memory and launch setting, its time in
+one forward+backward, and the call's times and peak memory, at the benchmark's shapes.
+
+Run on a GPU from the repository root: `python3 results/kernel/kernel_resources.py > resources.log`.
+Registers and spills come from the compiled kernels (triton's n_regs and n_spills, per thread),
+one entry per distinct launch of a kernel (the preprocessing backward's parts, the chunk edges'
+two sides); times from the profiler (mean of three calls, all launches of a kernel together).
+"""
+
+import json
+
+import torch
+import triton.testing
+from torch.profiler import ProfilerActivity, profile
+
+from pathbench.kernels import triton_path as tp
+from pathbench.kernels.bench_kernel import LONG_SHAPES, TRAIN_SHAPES, _fns, _inputs, _peak_mb
+
+NAMES = {"_path_fwd_kernel": "fwd", "_bwd_within_kernel": "within", "_prep_fwd_kernel": "prep_fwd",
+         "_prep_bwd_kernel": "prep_bwd", "_bwd_cross_q_kernel": "cross_q", "_bwd_cross_kv_kernel": "cross_kv",
+         "_edges_fwd_kernel": "edges_fwd", "_edges_bwd_kernel": "edges_bwd"}
+compiled = {}
+
+
+class Recorded:
+    """A kernel whose launches record the compiled kernel's resources."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def call(*args, **options):
+            result = launch(*args, **options)
+            part = options.get("PART", options.get("KEYS"))  # the launches of one kernel differ
+            compiled.setdefault(NAMES[self.kernel.fn.__name__], {})[str(part)] = dict(
+                regs=result.n_regs, spills=result.n_spills, smem=result.metadata.shared,
+                launch=(options.get("num_warps"), options.get("num_stages")))
+            return result
+
+        return call
+
+
+def main():
+    tp._KERNELS = tuple(Recorded(k) for k in tp._kernels())
+    for D, T, H, B in TRAIN_SHAPES + LONG_SHAPES:
+        compiled.clear()
+        args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
+        fwd, fwd_bwd, leaves = _fns("ours", args, D ** -0.5)
+        fwd_bwd()
+        torch.cuda.synchronize()
+        ms = triton.testing.do_bench(fwd_bwd, warmup=20, rep=100, grad_to_none=leaves)
+        ms_fwd = triton.testing.do_bench(fwd, warmup=20, rep=100)
+        for x in leaves:
+            x.grad = None
+        peak = _peak_mb(fwd_bwd)
+        for x in leaves:
+            x.grad = None
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                fwd_bwd()
+            torch.cuda.synchronize()
+        per_kernel, other = {}, 0.0
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                name = NAMES.get(e.name)
+                if name:
+                    per_kernel[name] = per_kernel.get(name, 0.0) + e.device_time / 3e3
+                else:
+                    other += e.device_time / 3e3
+        kernels = {name: dict(launches=launches, ms=round(per_kernel.get(name, 0.0), 3))
+                   for name, launches in compiled.items()}
+        print(json.dumps({"D": D, "T": T, "H": H, "B": B, "fwd_ms": round(ms_fwd, 3), "fwd_bwd_ms": round(ms, 3),
+                          "peak_mb": round(peak), "torch_ops_ms": round(other, 3), "kernels": kernels}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Versions of kernels/triton_path.py side by side (output: variants.log): for each, float32
+errors against the float64 reference at T = 700 (out, dq, dk, dv, dw, dbeta, dlog_fgate), then
+per shape fwd and fwd+bwd ms, peak MB and each kernel's ms (mean of three profiled calls).
+
+Run on a GPU from the repository root, one FILE:SETTING per version, SETTING "default" or the
+preprocessing backward's "num_warps,num_stages":
+`python3 results/kernel/variants_probe.py old.py:default new.py:default new.py:4,1 > variants.log`.
+"""
+import importlib.util
+import json
+import subprocess
+import sys
+
+SHAPES = [(64, 1024, 32, 16), (64, 4096, 32, 4), (64, 16384, 32, 1), (128, 768, 2, 32), (128, 1024, 16, 16),
+          (128, 4096, 16, 4), (128, 16384, 16, 1)]
+NAMES = {"_path_fwd_kernel": "fwd", "_bwd_within_kernel": "within", "_prep_fwd_kernel": "prep_fwd",
+         "_prep_bwd_kernel": "prep_bwd", "_bwd_cross_q_kernel": "cross_q", "_bwd_cross_kv_kernel": "cross_kv",
+         "_edges_fwd_kernel": "edges_fwd", "_edges_bwd_kernel": "edges_bwd"}
+
+
+def child(path, settings):
+    spec = importlib.util.spec_from_file_location("pathbench.kernels.triton_path", path)
+    tp = importlib.util.module_from_spec(spec)
+    sys.modules["pathbench.kernels.triton_path"] = tp
+    spec.loader.exec_module(tp)
+    import torch
+    import triton.testing
+    from torch.profiler import ProfilerActivity, profile
+    from pathbench.kernels.bench_kernel import _fns, _inputs, _peak_mb
+    from pathbench.kernels.reference import path_attention_reference
+    if settings != "default":
+        for D in tp._KERNEL_LAUNCH_64:
+            tp._KERNEL_LAUNCH_64[D]["prep_bwd"] = tuple(map(int, settings.split(",")))
+    # float32 check against float64 (GPU precision settings), gate on
+    for D in (64, 128):
+        g = torch.Generator().manual_seed(0)
+        B, T, H = 2, 700, 2
+        q, k, v = (torch.randn(B, T, H, D, generator=g) for _ in range(3))
+        w = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
+        beta = 2 * torch.rand(B, T, H, generator=g)
+        lf = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g) + 2)
+        ins = [x.cuda().requires_grad_(True) for x in (q, k, v, w, beta, lf)]
+        ref_in = [x.detach().double().requires_grad_(True) for x in ins]
+        do = torch.randn(B, T, H, D, device="cuda", dtype=torch.float64)
+        out = tp.path_attention_triton(*ins)
+        ref = path_attention_reference(*ref_in)
+        gs = torch.autograd.grad(out, ins, do.float())
+        rs = torch.autograd.grad(ref, ref_in, do)
+        errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip([out] + list(gs), [ref] + list(rs))]
+        print(json.dumps({"check": D, "errs": [float(f"{e:.2e}") for e in errs]}), flush=True)
+    for D, T, H, B in SHAPES:
+        args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
+        fwd, fwd_bwd, leaves = _fns("ours", args, D ** -0.5)
+        fwd_bwd()
+        torch.cuda.synchronize()
+        ms = triton.testing.do_bench(fwd_bwd, warmup=20, rep=100, grad_to_none=leaves)
+        msf = triton.testing.do_bench(fwd, warmup=20, rep=100)
+        for x in leaves:
+            x.grad = None
+        peak = _peak_mb(fwd_bwd)
+        for x in leaves:
+            x.grad = None
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                fwd_bwd()
+            torch.cuda.synchronize()
+        per, other = {}, 0.0
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                n = NAMES.get(e.name)
+                if n:
+                    per[n] = per.get(n, 0.0) + e.device_time / 3e3
+                else:
+                    other += e.device_time / 3e3
+        print(json.dumps({"D": D, "T": T, "fwd": round(msf, 3), "fwdbwd": round(ms, 3), "mb": round(peak),
+                          "k": {a: round(b, 3) for a, b in per.items()}, "torch": round(other, 3)}), flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[2] == "--child":
+        child(*sys.argv[1].rsplit(":", 1))
+    else:
+        runs = [arg.rsplit(":", 1) for arg in sys.argv[1:]]
+        for path, st in runs:
+            print(f"# {path} prep_bwd {st}", flush=True)
+            r = subprocess.run([sys.executable, __file__, f"{path}:{st}", "--child"], capture_output=True, text=True)
+            sys.stdout.write(r.stdout)
+            if r.returncode:
+                print("# failed:", r.stderr.strip().splitlines()[-3:], flush=True)
