@@ -42,37 +42,44 @@ class Recorded:
         return call
 
 
+def measure(D, T, H, B):
+    """fwd and fwd+bwd ms (do_bench medians), peak MB, each kernel's ms and the rest's (torch
+    operations) in one fwd+bwd (profiler, mean of three calls) of the Triton kernel."""
+    args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
+    fwd, fwd_bwd, leaves = _fns("ours", args, D ** -0.5)
+    fwd_bwd()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(fwd_bwd, warmup=20, rep=100, grad_to_none=leaves)
+    ms_fwd = triton.testing.do_bench(fwd, warmup=20, rep=100)
+    for x in leaves:
+        x.grad = None
+    peak = _peak_mb(fwd_bwd)
+    for x in leaves:
+        x.grad = None
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            fwd_bwd()
+        torch.cuda.synchronize()
+    per_kernel, other = {}, 0.0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = NAMES.get(e.name)
+            if name:
+                per_kernel[name] = per_kernel.get(name, 0.0) + e.device_time / 3e3
+            else:
+                other += e.device_time / 3e3
+    return dict(fwd_ms=round(ms_fwd, 3), fwd_bwd_ms=round(ms, 3), peak_mb=round(peak), torch_ops_ms=round(other, 3),
+                kernel_ms={name: round(t, 3) for name, t in per_kernel.items()})
+
+
 def main():
     tp._KERNELS = tuple(Recorded(k) for k in tp._kernels())
     for D, T, H, B in TRAIN_SHAPES + LONG_SHAPES:
         compiled.clear()
-        args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
-        fwd, fwd_bwd, leaves = _fns("ours", args, D ** -0.5)
-        fwd_bwd()
-        torch.cuda.synchronize()
-        ms = triton.testing.do_bench(fwd_bwd, warmup=20, rep=100, grad_to_none=leaves)
-        ms_fwd = triton.testing.do_bench(fwd, warmup=20, rep=100)
-        for x in leaves:
-            x.grad = None
-        peak = _peak_mb(fwd_bwd)
-        for x in leaves:
-            x.grad = None
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                fwd_bwd()
-            torch.cuda.synchronize()
-        per_kernel, other = {}, 0.0
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                name = NAMES.get(e.name)
-                if name:
-                    per_kernel[name] = per_kernel.get(name, 0.0) + e.device_time / 3e3
-                else:
-                    other += e.device_time / 3e3
-        kernels = {name: dict(launches=launches, ms=round(per_kernel.get(name, 0.0), 3))
-                   for name, launches in compiled.items()}
-        print(json.dumps({"D": D, "T": T, "H": H, "B": B, "fwd_ms": round(ms_fwd, 3), "fwd_bwd_ms": round(ms, 3),
-                          "peak_mb": round(peak), "torch_ops_ms": round(other, 3), "kernels": kernels}), flush=True)
+        row = measure(D, T, H, B)
+        kernel_ms = row.pop("kernel_ms")
+        kernels = {name: dict(launches=launches, ms=kernel_ms.get(name, 0.0)) for name, launches in compiled.items()}
+        print(json.dumps(dict(D=D, T=T, H=H, B=B, **row, kernels=kernels)), flush=True)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,6 @@ import sys
 
 SHAPES = [(64, 1024, 32, 16), (64, 4096, 32, 4), (64, 16384, 32, 1), (128, 768, 2, 32), (128, 1024, 16, 16),
           (128, 4096, 16, 4), (128, 16384, 16, 1)]
-NAMES = {"_path_fwd_kernel": "fwd", "_bwd_within_kernel": "within", "_prep_fwd_kernel": "prep_fwd",
-         "_prep_bwd_kernel": "prep_bwd", "_bwd_cross_q_kernel": "cross_q", "_bwd_cross_kv_kernel": "cross_kv",
-         "_edges_fwd_kernel": "edges_fwd", "_edges_bwd_kernel": "edges_bwd"}
 
 
 def child(path, settings):
@@ -24,9 +21,7 @@ def child(path, settings):
     sys.modules["pathbench.kernels.triton_path"] = tp
     spec.loader.exec_module(tp)
     import torch
-    import triton.testing
-    from torch.profiler import ProfilerActivity, profile
-    from pathbench.kernels.bench_kernel import _fns, _inputs, _peak_mb
+    from kernel_resources import measure  # imported after the swap: it measures this version
     from pathbench.kernels.reference import path_attention_reference
     if settings != "default":
         for D in tp._KERNEL_LAUNCH_64:
@@ -49,31 +44,9 @@ def child(path, settings):
         errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip([out] + list(gs), [ref] + list(rs))]
         print(json.dumps({"check": D, "errs": [float(f"{e:.2e}") for e in errs]}), flush=True)
     for D, T, H, B in SHAPES:
-        args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
-        fwd, fwd_bwd, leaves = _fns("ours", args, D ** -0.5)
-        fwd_bwd()
-        torch.cuda.synchronize()
-        ms = triton.testing.do_bench(fwd_bwd, warmup=20, rep=100, grad_to_none=leaves)
-        msf = triton.testing.do_bench(fwd, warmup=20, rep=100)
-        for x in leaves:
-            x.grad = None
-        peak = _peak_mb(fwd_bwd)
-        for x in leaves:
-            x.grad = None
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                fwd_bwd()
-            torch.cuda.synchronize()
-        per, other = {}, 0.0
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                n = NAMES.get(e.name)
-                if n:
-                    per[n] = per.get(n, 0.0) + e.device_time / 3e3
-                else:
-                    other += e.device_time / 3e3
-        print(json.dumps({"D": D, "T": T, "fwd": round(msf, 3), "fwdbwd": round(ms, 3), "mb": round(peak),
-                          "k": {a: round(b, 3) for a, b in per.items()}, "torch": round(other, 3)}), flush=True)
+        row = measure(D, T, H, B)
+        print(json.dumps({"D": D, "T": T, "fwd": row["fwd_ms"], "fwdbwd": row["fwd_bwd_ms"], "mb": row["peak_mb"],
+                          "k": row["kernel_ms"], "torch": row["torch_ops_ms"]}), flush=True)
 
 
 if __name__ == "__main__":
