@@ -641,8 +641,8 @@ def _kernels():
             dqt = tl.load(DQT + dst)
             QW = tl.where(lower, tl.dot(_load_f32(Q, src, m2), tl.trans(_load_f32(W, src, m2)), input_precision=PREC),
                           0.0)
-            du = -tl.dot(tl.trans(QW), dqt, input_precision=PREC)
-            du = -tl.dot(_load_f32(W, src, m2), tl.load(DP + dpi, volatile=True), acc=-du, input_precision=PREC)
+            du = tl.dot(tl.trans(QW), dqt, input_precision=PREC)
+            du = -tl.dot(_load_f32(W, src, m2), tl.load(DP + dpi, volatile=True), acc=du, input_precision=PREC)
             P2 = tl.dot(tl.trans(tl.load(XS + si, volatile=True)), du, input_precision=PREC)
             w = _load_f32(W, src, m2)
             tl.store(DBETA + bt, tl.load(DBETA + bt, mask=valid, other=0.0) + tl.sum(P2 * w, 1), mask=valid)
