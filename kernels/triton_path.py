@@ -666,8 +666,8 @@ def _kernels():
             db = tl.sum(dR * M2, 1)
             # dL and dWK are complete: L = strictly_lower(diag(b) W W^T), WK = strictly_lower(W K^T)
             dL = tl.where(strict, tl.load(DSI + si) - tl.dot(M2, tl.trans(P3), input_precision=PREC), 0.0)
-            dWK = tl.where(strict, tl.load(DQWK + si_t) - tl.dot(M2 * beta[:, None], tl.trans(dkt), input_precision=PREC),
-                           0.0)
+            dWK = tl.load(DQWK + si_t) - tl.dot(M2 * beta[:, None], tl.trans(dkt), input_precision=PREC)
+            dWK = tl.where(strict, dWK, 0.0)
             dw = tl.load(DW + src, mask=m2, other=0.0) + P3
             w = _load_f32(W, src, m2)
             db += tl.sum(dL * tl.dot(w, tl.trans(w), input_precision=PREC), 1)
@@ -1054,8 +1054,8 @@ def _chunk_blocks(N: int, BT: int, D: int, device: torch.device) -> int:
 def _chunk_edges(Qt, Kt, Mb, C, prec, launch_opts, save=False):
     """Queries moved to their chunk's start, keys to their chunk's end, and each chunk's product
     (_edges_fwd_kernel; chunk_edges_reference is the same in torch): Qs, Kc [B, H, Tp, D] in
-    Qt's dtype and Mc [B, H, NC, D, D] in Mb's, plus, with save, the float32 products before
-    and after each block [B, H, NC, C, D, D] that _chunk_edges_backward needs, in Mb's dtype."""
+    Qt's dtype and Mc [B, H, NC, D, D] in Mb's, plus, with save, the products before and after
+    each block [B, H, NC, C, D, D] that _chunk_edges_backward needs, also in Mb's dtype."""
     B, H, Tp, D = Qt.shape
     N = Mb.shape[2]
     NC = -(-N // C)
