@@ -450,7 +450,11 @@ class _Connection:
 
 
 def _failing_runs(configs, out, progress):
-    return [{"run_id": config["name"], "status": "failed", "reason": "AcceleratorError: CUDA error"}
+    """execute_runs for a GPU that fails every run (the sweep module's run_id, which tests may
+    replace)."""
+    from pathbench.runners import sweep
+
+    return [{"run_id": sweep.run_id(config), "status": "failed", "reason": "AcceleratorError: CUDA error"}
             for config in configs]
 
 
@@ -460,6 +464,7 @@ def test_worker_leaves_when_a_failed_pack_took_the_gpu_with_it(monkeypatch, tmp_
 
     monkeypatch.setattr(sweep, "execute_runs", _failing_runs)
     monkeypatch.setattr(sweep, "_cuda_lost", lambda: cuda_lost)
+    monkeypatch.setattr(sweep, "run_id", lambda config: config["name"])
     connection = _Connection([([{"name": "a"}], str(tmp_path)), ([{"name": "b"}], str(tmp_path)),
                               None])
     sweep._serve(connection, threads=1)
@@ -495,11 +500,7 @@ def test_pool_replaces_a_worker_that_lost_its_gpu_and_loses_no_pack(monkeypatch,
 def test_sweep_in_one_process_stops_when_a_failed_pack_took_the_gpu(monkeypatch, tmp_path):
     from pathbench.runners import sweep
 
-    def failing(configs, out, progress):
-        return [{"run_id": run_id(config), "status": "failed", "reason": "CUDA error"}
-                for config in configs]
-
-    monkeypatch.setattr(sweep, "execute_runs", failing)
+    monkeypatch.setattr(sweep, "execute_runs", _failing_runs)
     monkeypatch.setattr(sweep, "_cuda_lost", lambda: True)
     grid = Grid(task="flipflop", models=["rope", "path"], seeds=[0, 1], d_model=16)
     counts = run_grids([grid], out=tmp_path, device="cpu", workers=1, executor="local",
