@@ -34,7 +34,8 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
    over S; over the earlier blocks of the own chunk, right to left, with logits scale r Kt_J^T
    (+ gate) and r <- r M_J after each; then from r = Qs over the earlier chunks' blocks with
    logits scale r Kc_J^T and r <- r Mc_c after each chunk.
-4. Backward, in three scans. Write dS = P o (dO V^T - delta) for a pair's logit gradient.
+4. Backward, in three scans. Write dS = P o (dO V^T - delta) for a pair's logit gradient, with
+   delta = rowsum(dO o O), which the first scan computes (and stores for the other two).
    a. Within chunks (_bwd_within_kernel, one program per chunk, which owns the chunk's sums):
       for each query block I, replay r_{I,J} = Qt_I M_{I-1} ... M_{J+1} for the chunk's J < I
       (stored in a scratch), then walk J ascending with the adjoint dr (the gradient of the
@@ -197,15 +198,16 @@ def _kernels():
         tl.store(O + tile_i, o.to(O.dtype.element_ty))
         tl.store(LSE + bh * Tp + offs_i, m + tl.log(l))
 
-    @triton.jit(do_not_specialize=["N", "C", "NG"])
+    @triton.jit(do_not_specialize=["T", "N", "C", "NG"])
     def _bwd_within_kernel(
-        QT, KT, V, MB, G, SI, LSE, DO, DELTA,
+        QT, KT, V, MB, G, SI, LSE, DO, O, DELTA,
         DQT, DKP, DVP, DMP, DGROW, DGCOLP, DSI, RS,
-        N, C, NG, scale,
+        T, OS, N, C, NG, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
-        # A program owns the query blocks first + g, first + g + NG, ... of one chunk.
+        # A program owns the query blocks first + g, first + g + NG, ... of one chunk, and
+        # writes their delta = rowsum(dO o O) for the scans across chunks.
         first = (tl.program_id(0) // NG) * C
         g = tl.program_id(0) % NG
         bh = tl.program_id(1).to(tl.int64)
@@ -219,6 +221,7 @@ def _kernels():
         V += bh * Tp * D
         DO += bh * Tp * D
         DQT += bh * Tp * D
+        O += bh * OS  # the output, [B, H, T, D] with OS elements a head
         DKP += own * Tp * D
         DVP += own * Tp * D
         RS += own * Tp * D
@@ -242,7 +245,9 @@ def _kernels():
             offs_i = ib * BT + rows
             tile_i = offs_i[:, None] * D + cols[None, :]  # in every [Tp, D] buffer
             do = tl.load(DO + tile_i)
-            delta = tl.load(DELTA + offs_i)
+            o = tl.load(O + offs_i[:, None] * D + cols[None, :], mask=(offs_i < T)[:, None], other=0.0)
+            delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+            tl.store(DELTA + offs_i, delta)
             lse = tl.load(LSE + offs_i)
 
             # the query block's own keys
@@ -1173,7 +1178,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
     has_hh, has_gate = w is not None, log_fgate is not None
     qk, kk, wk, bk = _kernel_inputs(q, k, w, beta)
     prec = _prec(q.dtype, dev)
-    delta_t = (grad_out.transpose(1, 2).float() * O.float()).sum(-1)  # [B, H, T]; O is [B, H, T, D]
+    if not (O.stride(0) == H * O.stride(1) and O.stride(2) == D and O.stride(3) == 1):
+        O = O.contiguous()  # the within-chunk scan reads O's rows in place, heads O.stride(1) apart
 
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
@@ -1197,7 +1203,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             dSI = SI  # the intra-block logits' gradient overwrites them
         V = _to_blocks(v, Tp, sd).contiguous()
         dO = _to_blocks(grad_out, Tp, sd).contiguous()
-        delta = torch.nn.functional.pad(delta_t, pad).contiguous()
+        delta = torch.empty(B, H, Tp, **f32)  # rowsum(dO o O), written by the within-chunk scan
         lse = torch.nn.functional.pad(LSE, pad).contiguous()
         dummy = _dummy(dev)
         G = Gf if has_gate else dummy
@@ -1213,9 +1219,9 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         dGcolp = torch.zeros(B, H, NGw, Tp, **f32)
         RS = torch.empty(B, H, NGw, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
         _kernels()[1][(NC * NGw, B * H)](
-            Qt, Kt, V, Mb if has_hh else dummy, G, SI, lse, dO, delta,
+            Qt, Kt, V, Mb if has_hh else dummy, G, SI, lse, dO, O, delta,
             dQt, dKp, dVp, dMp, dGrow, dGcolp, dSI, RS,
-            N, C, NGw, float(scale), **scan, **opts("within"),
+            T, O.stride(1), N, C, NGw, float(scale), **scan, **opts("within"),
         )
         del RS
 
