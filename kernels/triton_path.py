@@ -44,7 +44,8 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
           dM_J += r_{I,J}^T dr,   dr <- dr M_J^T + scale dS Kt_J,   finally dQt_I = dr.
       The intra-block dS is written per block.
    b. Across chunks, queries first (_bwd_cross_q_kernel): the same walk one chunk at a time,
-      from Qs and Kc with Mc: dQs_I, and dMc_c += r_{I,c}^T dr per (query block, chunk).
+      from Qs and Kc with Mc: dQs_I, and dMc_c += r_{I,c}^T dr per (query block, chunk). Two
+      query blocks of a chunk cross the earlier chunks alike, so at D = 128 they go as one tile.
    c. Across chunks, keys first (_bwd_cross_kv_kernel): a program per key block J carries its
       keys forward a chunk at a time, kf_{c+1} = kf_c Mc_c^T from kf = Kc_J (logits
       scale Qs_I kf^T for query blocks I in chunk c), then walks the query blocks last to first
@@ -319,15 +320,19 @@ def _kernels():
         QS, KC, V, MC, G, LSE, DO, DELTA,
         DQS, DMCP, DGROW, RS,
         N, C, NG, scale,
-        D: tl.constexpr, BT: tl.constexpr,
+        D: tl.constexpr, BT: tl.constexpr, QB: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
-        # A program owns the query blocks C + g, C + g + NG, ... (those with earlier chunks).
+        # A program owns the tiles of QB query blocks (1 or 2) that start at blocks C + QB g,
+        # C + QB (g + NG), ..., those with earlier chunks. Chunks have an even number of blocks,
+        # so the blocks of a tile start in one chunk and cross the earlier chunks together (a
+        # tile's second block may lie past the end: its rows are masked).
         g = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
         Tp = N * BT
         NC = (N + C - 1) // C
-        rows = tl.arange(0, BT)
+        rows = tl.arange(0, QB * BT)  # the tile's rows
+        krows = tl.arange(0, BT)  # a key block's rows
         cols = tl.arange(0, D)
         own = bh * NG + g  # this program's slot in the scratch and the partial sums
         # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
@@ -338,7 +343,7 @@ def _kernels():
         DQS += bh * Tp * D
         MC += bh * NC * D * D
         DMCP += own * NC * D * D
-        RS += own * NC * BT * D
+        RS += own * NC * QB * BT * D
         G += bh * Tp
         LSE += bh * Tp
         DELTA += bh * Tp
@@ -347,49 +352,49 @@ def _kernels():
         slab = tl.arange(0, DS)
 
         DT = KC.dtype.element_ty
-        for ib in range(C + g, N, NG):
-            tl.debug_barrier()  # the previous query block's reads of RS are done
+        for ib in range(C + QB * g, N, QB * NG):
+            tl.debug_barrier()  # the previous tile's reads of RS are done
             first = (ib // C) * C
             offs_i = ib * BT + rows
+            valid = offs_i < Tp
             tile_i = offs_i[:, None] * D + cols[None, :]
-            do = tl.load(DO + tile_i)
-            delta = tl.load(DELTA + offs_i)
-            lse = tl.load(LSE + offs_i)
-            qs = tl.load(QS + tile_i).to(tl.float32)
-            r = qs
+            do = tl.load(DO + tile_i, mask=valid[:, None], other=0.0)
+            delta = tl.load(DELTA + offs_i, mask=valid, other=0.0)
+            # rows past the end: probabilities exactly 0, so no gradient flows from them
+            lse = tl.load(LSE + offs_i, mask=valid, other=float("inf"))
+            rq = tl.load(QS + tile_i, mask=valid[:, None], other=0.0)  # the queries, in the data dtype
             if HAS_HH:
                 # replay the chunk-level carry of the queries, keeping them at each chunk's end
+                r = rq.to(tl.float32)
                 for cc in range(0, ib // C):
                     c = ib // C - 1 - cc
-                    tl.store(RS + c * BT * D + rows[:, None] * D + cols[None, :], r.to(RS.dtype.element_ty))
+                    tl.store(RS + c * QB * BT * D + rows[:, None] * D + cols[None, :], r.to(RS.dtype.element_ty))
                     if c > 0:
                         r = _carry(r, MC + c * D * D, cols, D, False, HH16, PREC)
                 tl.debug_barrier()
-            gq = tl.zeros([BT], dtype=tl.float32)
+            gq = tl.zeros([QB * BT], dtype=tl.float32)
             if HAS_GATE:
-                gq = tl.load(G + offs_i)
-            dg_row = tl.zeros([BT], dtype=tl.float32)
-            dr = tl.zeros([BT, D], dtype=tl.float32)
+                gq = tl.load(G + offs_i, mask=valid, other=0.0)
+            dg_row = tl.zeros([QB * BT], dtype=tl.float32)
+            dr = tl.zeros([QB * BT, D], dtype=tl.float32)
             for jb in range(0, first):
-                offs_j = jb * BT + rows
+                offs_j = jb * BT + krows
                 tile_j = offs_j[:, None] * D + cols[None, :]
                 c = jb // C
                 if HAS_HH:
                     if jb == c * C:
                         # entering chunk c: dr is dL/d(queries before it); carry dr across it
-                        rs_c = RS + c * BT * D
-                        r = tl.load(rs_c + rows[:, None] * D + cols[None, :]).to(tl.float32)
+                        rs_c = RS + c * QB * BT * D
+                        rq = tl.load(rs_c + rows[:, None] * D + cols[None, :]).to(DT)
                         if c > 0:
+                            # dL/dMc += r^T dr, in row slabs of at most 64 (smaller layout conversions)
                             for sl in tl.static_range(D // DS):
-                                if D > DS:
-                                    rsl = tl.load(rs_c + rows[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
-                                else:
-                                    rsl = r
+                                rsl = tl.load(rs_c + rows[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
                                 dm_ptr = DMCP + c * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
                                 tl.store(dm_ptr, tl.dot(tl.trans(rsl), dr, acc=tl.load(dm_ptr), input_precision=PREC))
                             dr = _carry(dr, MC + c * D * D, cols, D, True, False, PREC)
                 kc = tl.load(KC + tile_j)
-                s = tl.dot(r.to(DT), tl.trans(kc), input_precision=PREC) * scale
+                s = tl.dot(rq, tl.trans(kc), input_precision=PREC) * scale
                 if HAS_GATE:
                     s += gq[:, None] - tl.load(G + offs_j)[None, :]
                 p = tl.exp(s - lse[:, None])
@@ -398,9 +403,9 @@ def _kernels():
                 dr = tl.dot((ds * scale).to(DT), kc, acc=dr, input_precision=PREC)
                 if HAS_GATE:
                     dg_row += tl.sum(ds, 1)
-            tl.store(DQS + tile_i, dr)
+            tl.store(DQS + tile_i, dr, mask=valid[:, None])
             if HAS_GATE:
-                tl.store(DGROW + offs_i, tl.load(DGROW + offs_i) + dg_row)
+                tl.store(DGROW + offs_i, tl.load(DGROW + offs_i, mask=valid) + dg_row, mask=valid)
 
     @triton.jit(do_not_specialize=["N", "C", "NG"])
     def _bwd_cross_kv_kernel(
@@ -804,6 +809,10 @@ ONE_CHUNK_TOKENS = 1024
 CHUNK_TOKENS = 512
 LONG_TOKENS = 8192
 LONG_CHUNK_TOKENS = 1024
+# Head sizes whose queries-first scan takes query blocks two at a time, as one tile of 2 BT rows
+# that crosses the earlier chunks once: on the H200 that scan went from 11.50 to 8.60 ms at
+# D = 128 and 16384 tokens, but from 5.31 to 7.39 ms at D = 64 (results/kernel/variants_pairs.log).
+QUERY_PAIR_HEAD_DIMS = (128,)
 # Head sizes whose chunked path passed the GPU tests in 16-bit. At D = 32 it hit an illegal
 # memory access in bfloat16 on the H200 (float32 there, and the interpreter, are exact); until
 # that is found, smaller heads run as one chunk (results/kernel/README.md).
@@ -843,12 +852,13 @@ _FLOAT32_CONFIGS = {("bwd", 128): [(32, 4, 1), (16, 4, 1)]}
 # kernel on the H200 (results/kernel/launch.log); the within-chunk backward at D = 128 fits
 # only one stage. The preprocessing backward, since it runs in three parts, takes (4, 1): 3.83 ms
 # against 3.96 with (8, 1) at D = 128, and 2.28 against 2.29 with (4, 2) at D = 64, for 16K tokens
-# of 16 and 32 heads (results/kernel/variants.log).
+# of 16 and 32 heads (results/kernel/variants.log). The queries-first scan at D = 128, which takes
+# query blocks in pairs there, fits only one stage.
 _KERNEL_LAUNCH_64 = {
     64: {"prep_fwd": (4, 2), "fwd": (4, 2), "edges_fwd": (4, 2), "within": (4, 2),
          "cross_q": (4, 3), "cross_kv": (4, 3), "edges_bwd": (4, 2), "prep_bwd": (4, 1)},
     128: {"prep_fwd": (8, 1), "fwd": (4, 3), "edges_fwd": (4, 2), "within": (8, 1),
-          "cross_q": (8, 2), "cross_kv": (4, 2), "edges_bwd": (8, 1), "prep_bwd": (4, 1)},
+          "cross_q": (8, 1), "cross_kv": (4, 2), "edges_bwd": (8, 1), "prep_bwd": (4, 1)},
 }
 _BLOCK_LOCAL = ("prep_fwd", "prep_bwd", "edges_fwd", "edges_bwd")
 FORCE_CONFIG: dict = {}  # kind -> (BT, num_warps, num_stages); used to pre-compile configurations
@@ -1048,12 +1058,17 @@ def _spec_key(kind, q, has_hh, has_gate):
 
 
 def _chunk_blocks(N: int, BT: int, D: int, device: torch.device) -> int:
-    """Blocks per chunk: keys and queries cross whole chunks in one product each."""
+    """Blocks per chunk: keys and queries cross whole chunks in one product each. With several
+    chunks the count is even: the queries-first scan may take query blocks two at a time."""
     if device.type != "cuda":
-        return INTERPRET_CHUNK
-    if N * BT <= ONE_CHUNK_TOKENS or D not in CHUNKED_HEAD_DIMS or BT not in CHUNKED_BLOCKS:
-        return N
-    return (LONG_CHUNK_TOKENS if N * BT > LONG_TOKENS else CHUNK_TOKENS) // BT
+        C = INTERPRET_CHUNK
+    elif N * BT <= ONE_CHUNK_TOKENS or D not in CHUNKED_HEAD_DIMS or BT not in CHUNKED_BLOCKS:
+        C = N
+    else:
+        C = (LONG_CHUNK_TOKENS if N * BT > LONG_TOKENS else CHUNK_TOKENS) // BT
+    if C < N and C % 2:
+        raise ValueError(f"chunks of {C} blocks: with several chunks the count must be even")
+    return C
 
 
 def _chunk_edges(Qt, Kt, Mb, C, prec, launch_opts, save=False):
@@ -1245,15 +1260,17 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
                 Qs, Kc, Mc, PS, SS = _chunk_edges(Qt, Kt, Mb, C, prec, opts("edges_fwd"), save=True)
             else:
                 Qs, Kc, Mc = Qt, Kt, dummy
-            # dQs and dL/dMc (queries first), NGq programs per head with their own partial sums
-            NGq = _num_groups(N - C, B * H, dev, num_warps)
+            # dQs and dL/dMc (queries first, QB blocks at a time), NGq programs per head with
+            # their own partial sums
+            QB = 2 if D in QUERY_PAIR_HEAD_DIMS else 1
+            NGq = _num_groups(-(-(N - C) // QB), B * H, dev, num_warps)
             dQs = torch.zeros(B, H, Tp, D, **f32)
             dMcp = torch.zeros(B, H, NGq, NC, D, D, **f32) if has_hh else dummy
-            RSc = torch.empty(B, H, NGq, NC, BT, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
+            RSc = torch.empty(B, H, NGq, NC, QB * BT, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
             _kernels()[4][(NGq, B * H)](
                 Qs, Kc, V, Mc, G, lse, dO, delta,
                 dQs, dMcp, dGrow, RSc,
-                N, C, NGq, float(scale), **scan, **opts("cross_q"),
+                N, C, NGq, float(scale), QB=QB, **scan, **opts("cross_q"),
             )
             del RSc
             if has_hh:

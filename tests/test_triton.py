@@ -120,16 +120,34 @@ def test_gpu_block_size_and_several_backward_programs(monkeypatch):
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
 @pytest.mark.parametrize("hh", [True, False], ids=["path", "softmax"])
-def test_keys_many_chunks_back(monkeypatch, hh):
+@pytest.mark.parametrize("pairs", [False, True], ids=["single", "pairs"])
+def test_keys_many_chunks_back(monkeypatch, hh, pairs):
     """Soft attention without a gate, so that keys several chunks back carry real gradient;
-    chunks of three blocks (the last one partial), two backward programs per head."""
+    chunks of four blocks, the last one of three, two backward programs per head. With pairs,
+    the queries-first scan takes query blocks two at a time, and the last pair has one block
+    past the end."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 3)
+    monkeypatch.setattr(tp, "QUERY_PAIR_HEAD_DIMS", (32,) if pairs else ())
+    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 4)
     monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
     args = make_inputs(2, 170, 1, 32, hh, False)
     args[0] = args[0] * 0.3
     check_against_reference(args, grad_tol=1e-5)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter settings")
+def test_query_pair_past_the_end_under_a_strong_gate(monkeypatch):
+    """Five blocks in chunks of two, query blocks in pairs: the queries-first scan's last pair
+    has one block past the end. Its rows must carry no gradient even where a gate that forgets
+    fast makes their unnormalised probabilities overflow."""
+    import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(tp, "QUERY_PAIR_HEAD_DIMS", (16,))
+    monkeypatch.setattr(tp, "INTERPRET_BLOCK", 32)
+    args = make_inputs(1, 150, 2, 16, True, True)
+    args[5] = torch.full_like(args[5], -20.0)
+    check_against_reference(args)
 
 
 @pytest.mark.parametrize("D, hh_dtype, tol", [(16, torch.float32, 1e-5), (64, torch.float32, 1e-5),
