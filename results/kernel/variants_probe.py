@@ -2,17 +2,38 @@
 errors against the float64 reference at T = 700 (out, dq, dk, dv, dw, dbeta, dlog_fgate), then
 per shape fwd and fwd+bwd ms, peak MB and each kernel's ms (mean of three profiled calls).
 
-Run on a GPU from the repository root, one FILE:SETTING per version, SETTING "default" or the
-preprocessing backward's "num_warps,num_stages":
-`python3 results/kernel/variants_probe.py old.py:default new.py:default new.py:4,1 > variants.log`.
+Run on a GPU from the repository root, one FILE:SETTING per version:
+`python3 results/kernel/variants_probe.py old.py:default new.py:default new.py:cross_q@128=8,1 > variants.log`.
+SETTING is "default"; or "num_warps,num_stages" for the preprocessing backward; or items joined
+by "/", each "kernel=num_warps,num_stages" (at both head sizes) or "kernel@D=num_warps,num_stages"
+(at head size D) for a kernel of _KERNEL_LAUNCH_64, or "NAME=value" for one of the module's
+integer settings (ONE_CHUNK_TOKENS, CHUNK_TOKENS, LONG_TOKENS, LONG_CHUNK_TOKENS). A SHAPES
+environment variable ("D,T,H,B;D,T,H,B") replaces the default shapes.
 """
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
 SHAPES = [(64, 1024, 32, 16), (64, 4096, 32, 4), (64, 16384, 32, 1), (128, 768, 2, 32), (128, 1024, 16, 16),
           (128, 4096, 16, 4), (128, 16384, 16, 1)]
+
+
+def apply(tp, settings):
+    """Set the version's launch settings and chunk constants as SETTING says."""
+    if settings == "default":
+        return
+    if "=" not in settings:
+        settings = "prep_bwd=" + settings
+    for item in settings.split("/"):
+        name, value = item.split("=")
+        if name.isupper():
+            setattr(tp, name, int(value))
+            continue
+        kernel, _, D = name.partition("@")
+        for d in [int(D)] if D else list(tp._KERNEL_LAUNCH_64):
+            tp._KERNEL_LAUNCH_64[d][kernel] = tuple(map(int, value.split(",")))
 
 
 def child(path, settings):
@@ -23,14 +44,17 @@ def child(path, settings):
     import torch
     from kernel_resources import measure  # imported after the swap: it measures this version
     from pathbench.kernels.reference import path_attention_reference
-    if settings != "default":
-        for D in tp._KERNEL_LAUNCH_64:
-            tp._KERNEL_LAUNCH_64[D]["prep_bwd"] = tuple(map(int, settings.split(",")))
-    # float32 check against float64 (GPU precision settings), gate on
-    for D in (64, 128):
+    apply(tp, settings)
+    # against float64, gate on: float32 at T = 700 (GPU precision settings) in one chunk and in
+    # chunks of 512 tokens (the last one partial), bfloat16 q/k/v at T = 1100 in chunks of 512
+    one_chunk = tp.ONE_CHUNK_TOKENS
+    for D, T, dtype, chunked in ((64, 700, torch.float32, False), (64, 700, torch.float32, True),
+                                 (128, 700, torch.float32, False), (64, 1100, torch.bfloat16, True),
+                                 (128, 1100, torch.bfloat16, True)):
+        tp.ONE_CHUNK_TOKENS = 0 if chunked else one_chunk
         g = torch.Generator().manual_seed(0)
-        B, T, H = 2, 700, 2
-        q, k, v = (torch.randn(B, T, H, D, generator=g) for _ in range(3))
+        B, H = 2, 2
+        q, k, v = (torch.randn(B, T, H, D, generator=g).to(dtype) for _ in range(3))
         w = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
         beta = 2 * torch.rand(B, T, H, generator=g)
         lf = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g) + 2)
@@ -39,11 +63,14 @@ def child(path, settings):
         do = torch.randn(B, T, H, D, device="cuda", dtype=torch.float64)
         out = tp.path_attention_triton(*ins)
         ref = path_attention_reference(*ref_in)
-        gs = torch.autograd.grad(out, ins, do.float())
+        gs = torch.autograd.grad(out, ins, do.to(dtype))
         rs = torch.autograd.grad(ref, ref_in, do)
         errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip([out] + list(gs), [ref] + list(rs))]
-        print(json.dumps({"check": D, "errs": [float(f"{e:.2e}") for e in errs]}), flush=True)
-    for D, T, H, B in SHAPES:
+        print(json.dumps({"check": D, "T": T, "dtype": str(dtype), "chunked": chunked,
+                          "errs": [float(f"{e:.2e}") for e in errs]}), flush=True)
+    tp.ONE_CHUNK_TOKENS = one_chunk
+    shapes = [tuple(map(int, x.split(","))) for x in os.environ["SHAPES"].split(";")] if "SHAPES" in os.environ else SHAPES
+    for D, T, H, B in shapes:
         row = measure(D, T, H, B)
         print(json.dumps({"D": D, "T": T, "fwd": row["fwd_ms"], "fwdbwd": row["fwd_bwd_ms"], "mb": row["peak_mb"],
                           "k": row["kernel_ms"], "torch": row["torch_ops_ms"]}), flush=True)
@@ -55,7 +82,7 @@ if __name__ == "__main__":
     else:
         runs = [arg.rsplit(":", 1) for arg in sys.argv[1:]]
         for path, st in runs:
-            print(f"# {path} prep_bwd {st}", flush=True)
+            print(f"# {path} {st}", flush=True)
             r = subprocess.run([sys.executable, __file__, f"{path}:{st}", "--child"], capture_output=True, text=True)
             sys.stdout.write(r.stdout)
             if r.returncode:
