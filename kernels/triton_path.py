@@ -362,47 +362,52 @@ def _kernels():
             delta = tl.load(DELTA + offs_i, mask=valid, other=0.0)
             # rows past the end: probabilities exactly 0, so no gradient flows from them
             lse = tl.load(LSE + offs_i, mask=valid, other=float("inf"))
-            rq = tl.load(QS + tile_i, mask=valid[:, None], other=0.0)  # the queries, in the data dtype
+            r = tl.load(QS + tile_i, mask=valid[:, None], other=0.0).to(tl.float32)
             if HAS_HH:
                 # replay the chunk-level carry of the queries, keeping them at each chunk's end
-                r = rq.to(tl.float32)
                 for cc in range(0, ib // C):
                     c = ib // C - 1 - cc
                     tl.store(RS + c * QB * BT * D + rows[:, None] * D + cols[None, :], r.to(RS.dtype.element_ty))
                     if c > 0:
                         r = _carry(r, MC + c * D * D, cols, D, False, HH16, PREC)
                 tl.debug_barrier()
+            if QB > 1:
+                r = r.to(DT)  # a pair's queries in the data dtype: half the registers
             gq = tl.zeros([QB * BT], dtype=tl.float32)
             if HAS_GATE:
                 gq = tl.load(G + offs_i, mask=valid, other=0.0)
             dg_row = tl.zeros([QB * BT], dtype=tl.float32)
             dr = tl.zeros([QB * BT, D], dtype=tl.float32)
-            for jb in range(0, first):
-                offs_j = jb * BT + krows
-                tile_j = offs_j[:, None] * D + cols[None, :]
-                c = jb // C
+            # the earlier chunks, first to last; the work on entering a chunk stays out of the
+            # loop over its key blocks, so that the compiler keeps dr out of shared memory there
+            for c in range(0, first // C):
                 if HAS_HH:
-                    if jb == c * C:
-                        # entering chunk c: dr is dL/d(queries before it); carry dr across it
-                        rs_c = RS + c * QB * BT * D
-                        rq = tl.load(rs_c + rows[:, None] * D + cols[None, :]).to(DT)
-                        if c > 0:
-                            # dL/dMc += r^T dr, in row slabs of at most 64 (smaller layout conversions)
-                            for sl in tl.static_range(D // DS):
+                    # entering chunk c: dr is dL/d(queries before it); carry dr across it
+                    rs_c = RS + c * QB * BT * D
+                    r = tl.load(rs_c + rows[:, None] * D + cols[None, :]).to(r.dtype)
+                    if c > 0:
+                        # dL/dMc += r^T dr, in row slabs of at most 64 (smaller layout conversions)
+                        for sl in tl.static_range(D // DS):
+                            if (D > DS) | (QB > 1):
                                 rsl = tl.load(rs_c + rows[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
-                                dm_ptr = DMCP + c * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
-                                tl.store(dm_ptr, tl.dot(tl.trans(rsl), dr, acc=tl.load(dm_ptr), input_precision=PREC))
-                            dr = _carry(dr, MC + c * D * D, cols, D, True, False, PREC)
-                kc = tl.load(KC + tile_j)
-                s = tl.dot(rq, tl.trans(kc), input_precision=PREC) * scale
-                if HAS_GATE:
-                    s += gq[:, None] - tl.load(G + offs_j)[None, :]
-                p = tl.exp(s - lse[:, None])
-                dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
-                ds = p * (dp - delta[:, None])
-                dr = tl.dot((ds * scale).to(DT), kc, acc=dr, input_precision=PREC)
-                if HAS_GATE:
-                    dg_row += tl.sum(ds, 1)
+                            else:
+                                rsl = r
+                            dm_ptr = DMCP + c * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
+                            tl.store(dm_ptr, tl.dot(tl.trans(rsl), dr, acc=tl.load(dm_ptr), input_precision=PREC))
+                        dr = _carry(dr, MC + c * D * D, cols, D, True, False, PREC)
+                for jb in range(c * C, c * C + C):
+                    offs_j = jb * BT + krows
+                    tile_j = offs_j[:, None] * D + cols[None, :]
+                    kc = tl.load(KC + tile_j)
+                    s = tl.dot(r.to(DT), tl.trans(kc), input_precision=PREC) * scale
+                    if HAS_GATE:
+                        s += gq[:, None] - tl.load(G + offs_j)[None, :]
+                    p = tl.exp(s - lse[:, None])
+                    dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
+                    ds = p * (dp - delta[:, None])
+                    dr = tl.dot((ds * scale).to(DT), kc, acc=dr, input_precision=PREC)
+                    if HAS_GATE:
+                        dg_row += tl.sum(ds, 1)
             tl.store(DQS + tile_i, dr, mask=valid[:, None])
             if HAS_GATE:
                 tl.store(DGROW + offs_i, tl.load(DGROW + offs_i, mask=valid) + dg_row, mask=valid)
@@ -458,29 +463,32 @@ def _kernels():
             dkf = tl.zeros([BT, D], dtype=tl.float32)  # dL/d(the carried keys)
             dv = tl.zeros([BT, D], dtype=tl.float32)
             dg_col = tl.zeros([BT], dtype=tl.float32)
-            for ii in range(0, N - (jb // C + 1) * C):  # later query blocks, last first
-                ib = N - 1 - ii
-                c = ib // C
+            # the later chunks, last first; the work on entering a chunk stays out of the loop
+            # over its query blocks, so that the compiler keeps dkf out of shared memory there
+            for cc in range(0, NC - 1 - jb // C):
+                c = NC - 1 - cc
                 if HAS_HH:
-                    if ib == tl.minimum(c * C + C, N) - 1:
-                        # entering chunk c from its end: carry dkf back across it
-                        if c < NC - 1:
-                            dkf = _carry(dkf, MC + c * D * D, cols, D, False, False, PREC)
-                        kf = tl.load(KS + c * BT * D + rows[:, None] * D + cols[None, :]).to(DT)
-                offs_i = ib * BT + rows
-                tile_i = offs_i[:, None] * D + cols[None, :]
-                qs = tl.load(QS + tile_i)
-                s = tl.dot(qs, tl.trans(kf), input_precision=PREC) * scale
-                if HAS_GATE:
-                    s += tl.load(G + offs_i)[:, None] - gk[None, :]
-                p = tl.exp(s - tl.load(LSE + offs_i)[:, None])
-                do = tl.load(DO + tile_i)
-                dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-                ds = p * (dp - tl.load(DELTA + offs_i)[:, None])
-                dv = tl.dot(tl.trans(p.to(DT)), do, acc=dv, input_precision=PREC)
-                dkf = tl.dot(tl.trans((ds * scale).to(DT)), qs, acc=dkf, input_precision=PREC)
-                if HAS_GATE:
-                    dg_col -= tl.sum(ds, 0)
+                    # entering chunk c from its end: carry dkf back across it
+                    if c < NC - 1:
+                        dkf = _carry(dkf, MC + c * D * D, cols, D, False, False, PREC)
+                    kf = tl.load(KS + c * BT * D + rows[:, None] * D + cols[None, :]).to(DT)
+                last = tl.minimum(c * C + C, N) - 1
+                for ii in range(0, last + 1 - c * C):  # the chunk's query blocks, last first
+                    ib = last - ii
+                    offs_i = ib * BT + rows
+                    tile_i = offs_i[:, None] * D + cols[None, :]
+                    qs = tl.load(QS + tile_i)
+                    s = tl.dot(qs, tl.trans(kf), input_precision=PREC) * scale
+                    if HAS_GATE:
+                        s += tl.load(G + offs_i)[:, None] - gk[None, :]
+                    p = tl.exp(s - tl.load(LSE + offs_i)[:, None])
+                    do = tl.load(DO + tile_i)
+                    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+                    ds = p * (dp - tl.load(DELTA + offs_i)[:, None])
+                    dv = tl.dot(tl.trans(p.to(DT)), do, acc=dv, input_precision=PREC)
+                    dkf = tl.dot(tl.trans((ds * scale).to(DT)), qs, acc=dkf, input_precision=PREC)
+                    if HAS_GATE:
+                        dg_col -= tl.sum(ds, 0)
             tl.store(DKC + tile_j, dkf)
             tl.store(DV + tile_j, tl.load(DV + tile_j) + dv)
             if HAS_GATE:
