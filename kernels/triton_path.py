@@ -818,8 +818,9 @@ CHUNK_TOKENS = 512
 LONG_TOKENS = 8192
 LONG_CHUNK_TOKENS = 1024
 # Head sizes whose queries-first scan takes query blocks two at a time, as one tile of 2 BT rows
-# that crosses the earlier chunks once: on the H200 that scan went from 11.50 to 8.60 ms at
-# D = 128 and 16384 tokens, but from 5.31 to 7.39 ms at D = 64 (results/kernel/variants_pairs.log).
+# that crosses the earlier chunks once. On the H200, with that scan still in one loop, it went
+# from 11.50 to 8.60 ms at D = 128 and 16384 tokens, but from 5.31 to 7.39 ms at D = 64
+# (results/kernel/variants_pairs.log).
 QUERY_PAIR_HEAD_DIMS = (128,)
 # Head sizes whose chunked path passed the GPU tests in 16-bit. At D = 32 it hit an illegal
 # memory access in bfloat16 on the H200 (float32 there, and the interpreter, are exact); until
