@@ -105,7 +105,7 @@ _KERNELS = None
 
 def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
-    global _KERNELS, _carry, _attend, _load_f32  # helpers are module globals: kernels look names up there
+    global _KERNELS, _carry, _back_across, _attend, _load_f32  # helpers are module globals: kernels look names up there
     if _KERNELS is not None:
         return _KERNELS
 
@@ -119,6 +119,24 @@ def _kernels():
             # 16-bit inputs: float16 operands (tf32's mantissa, twice its rate), float32 sums
             return tl.dot(x.to(tl.float16), m.to(tl.float16))
         return tl.dot(x, m.to(tl.float32), input_precision=PREC)
+
+    @triton.jit
+    def _back_across(dr, r, rs, rows, dm, mats, j, cols, D: tl.constexpr, RELOAD: tl.constexpr,
+                     PREC: tl.constexpr):
+        """The adjoint dr of rows r carried back across M_j, the j-th D x D product at mats: adds
+        r^T dr into dL/dM_j (the j-th at dm) and returns dr M_j^T. r^T dr goes in row slabs of at
+        most 64 (smaller layout conversions), each slab of r loaded again from rs (at rows) with
+        RELOAD (r is one slab otherwise)."""
+        DS: tl.constexpr = 64 if D > 64 else D
+        slab = tl.arange(0, DS)
+        for sl in tl.static_range(D // DS):
+            if RELOAD:
+                rsl = tl.load(rs + rows[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
+            else:
+                rsl = r
+            dm_ptr = dm + j * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
+            tl.store(dm_ptr, tl.dot(tl.trans(rsl), dr, acc=tl.load(dm_ptr), input_precision=PREC))
+        return _carry(dr, mats + j * D * D, cols, D, True, False, PREC)
 
     @triton.jit
     def _load_f32(ptr, offs, mask):
@@ -235,8 +253,6 @@ def _kernels():
         DELTA += bh * Tp
         DGROW += bh * Tp
         DGCOLP += own * Tp
-        DS: tl.constexpr = 64 if D > 64 else D
-        slab = tl.arange(0, DS)
         causal = rows[None, :] <= rows[:, None]
 
         DT = KT.dtype.element_ty  # storage / data-dot dtype: float32, or q's 16-bit dtype
@@ -301,16 +317,8 @@ def _kernels():
                     dgc_ptr = DGCOLP + offs_j
                     tl.store(dgc_ptr, tl.load(dgc_ptr) - tl.sum(ds, 0))
                 if HAS_HH:
-                    # dr is dL/d(queries before block jb); carry it back across the block.
-                    # dL/dM_jb += r^T dr, in row slabs of at most 64 (smaller layout conversions)
-                    for sl in tl.static_range(D // DS):
-                        if D > DS:
-                            rs = tl.load(RS + offs_j[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
-                        else:
-                            rs = r
-                        dm_ptr = DMP + jb * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
-                        tl.store(dm_ptr, tl.dot(tl.trans(rs), dr, acc=tl.load(dm_ptr), input_precision=PREC))
-                    dr = _carry(dr, MB + jb * D * D, cols, D, True, False, PREC)
+                    # dr is dL/d(queries before block jb); carry it back across the block
+                    dr = _back_across(dr, r, RS, offs_j, DMP, MB, jb, cols, D, D > 64, PREC)
                 dr = tl.dot(dsb, kt, acc=dr, input_precision=PREC)
             tl.store(DQT + tile_i, dr)
             tl.store(DGROW + offs_i, dg_row)
@@ -348,8 +356,6 @@ def _kernels():
         LSE += bh * Tp
         DELTA += bh * Tp
         DGROW += bh * Tp
-        DS: tl.constexpr = 64 if D > 64 else D
-        slab = tl.arange(0, DS)
 
         DT = KC.dtype.element_ty
         for ib in range(C + QB * g, N, QB * NG):
@@ -386,15 +392,8 @@ def _kernels():
                     rs_c = RS + c * QB * BT * D
                     r = tl.load(rs_c + rows[:, None] * D + cols[None, :]).to(r.dtype)
                     if c > 0:
-                        # dL/dMc += r^T dr, in row slabs of at most 64 (smaller layout conversions)
-                        for sl in tl.static_range(D // DS):
-                            if (D > DS) | (QB > 1):
-                                rsl = tl.load(rs_c + rows[:, None] * D + sl * DS + slab[None, :]).to(tl.float32)
-                            else:
-                                rsl = r
-                            dm_ptr = DMCP + c * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
-                            tl.store(dm_ptr, tl.dot(tl.trans(rsl), dr, acc=tl.load(dm_ptr), input_precision=PREC))
-                        dr = _carry(dr, MC + c * D * D, cols, D, True, False, PREC)
+                        # a pair's r is in the data dtype: its float32 slabs come from RS
+                        dr = _back_across(dr, r, rs_c, rows, DMCP, MC, c, cols, D, (D > 64) | (QB > 1), PREC)
                 for jb in range(c * C, c * C + C):
                     offs_j = jb * BT + krows
                     tile_j = offs_j[:, None] * D + cols[None, :]
