@@ -12,10 +12,11 @@ that many runs as one packed model (pathbench.models.pack), as `pathbench sweep 
 "per run" divides by it. `mix`: one process per spec, side by side for SECONDS, as the
 sweep's workers run different packs at once; it prints each one's steps per second and the
 runs' steps per second of all together. Steps are compiled as in training (TrainStep); a spec
-ending in "+e" runs them eagerly instead, for comparison. Shapes as in
-runners/sweeps/word_problems.toml and mqrar.toml.
+ending in "+e" runs them eagerly instead, for comparison. Each run is configured as in the paper
+sweep (sweep_run).
 """
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -27,8 +28,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from pathbench.models import build_model, model_config
 from pathbench.models.pack import pack_models
-from pathbench.runners.config import parse_sets, resolve_run, train_config
+from pathbench.runners.config import train_config
 from pathbench.runners.optimizer import PackedAdamW
+from pathbench.runners.sweep import find_sweep_file, load_sweep_file
 from pathbench.runners.train import TrainStep, training_batches
 from pathbench.tasks import make_task
 
@@ -38,17 +40,22 @@ def pack_size(spec):
     return int(parts[3]) if len(parts) == 4 else 1
 
 
+def sweep_run(task_name, model, layers, device):
+    """The run config of the paper sweep's grid for task_name (runners/sweeps/paper.toml) at
+    this model and layer count, with the grid's first seed and learning rate; a further axis
+    of the grid (MQRAR's N-back, which changes no shape) stays at the task's default."""
+    _, grids = load_sweep_file(find_sweep_file("paper"))
+    grid = next(g for g in grids if g.task == task_name)
+    grid = dataclasses.replace(grid, models=[model], layers=[layers], seeds=grid.seeds[:1],
+                               lrs=grid.lrs and grid.lrs[:1], until_solved=False, grid={})
+    return grid.configs(device)[0]
+
+
 def training_step(spec):
     """A CUDA-graph training step of TASK:MODEL:LAYERS[:PACK] and ten batches for it."""
     task_name, model, layers = spec.removesuffix("+e").split(":")[:3]
     members = pack_size(spec)
-    if task_name == "mqrar":
-        options = dict(model=model, layers=int(layers), heads=2, d_model=256, batch_size=64, steps=1000)
-        sets = parse_sets(["task.length=768", "task.num_keys=32"])
-    else:
-        options = dict(model=model, layers=int(layers), batch_size=256, steps=3000)
-        sets = parse_sets([])
-    config = resolve_run(task_name, options=options, sets=sets, device="cuda", preset="paper")
+    config = sweep_run(task_name, model, int(layers), "cuda")
     task = make_task(config["task"]["name"], config["task"]["config"])
     torch.manual_seed(0)
     device = torch.device("cuda")
