@@ -30,10 +30,12 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
    r_{I,c} = Qs_I Mc_{c_I - 1} ... Mc_{c+1} (the queries of block I at the end of chunk c < c_I),
    the logit of query block I and key block J in chunk c is scale r_{I,c} Kc_J^T: across chunks
    queries are carried once a chunk, not once a block.
-3. Forward scan (_path_fwd_kernel, one program per (query block, batch*head)): online softmax
+3. Forward scan (_path_fwd_kernel, one program per (query block or pair, batch*head)): online softmax
    over S; over the earlier blocks of the own chunk, right to left, with logits scale r Kt_J^T
    (+ gate) and r <- r M_J after each; then from r = Qs over the earlier chunks' blocks with
-   logits scale r Kc_J^T and r <- r Mc_c after each chunk.
+   logits scale r Kc_J^T and r <- r Mc_c after each chunk. Query blocks may go two at a time
+   (QUERY_PAIRS): once the second block's queries have crossed the first block (r <- r M_I),
+   the pair's queries stand at one place and cross the earlier blocks and chunks as one tile.
 4. Backward, in three scans. Write dS = P o (dO V^T - delta) for a pair's logit gradient, with
    delta = rowsum(dO o O), which the first scan computes (and stores for the other two).
    a. Within chunks (_bwd_within_kernel, one program per chunk, which owns the chunk's sums):
@@ -42,7 +44,10 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
       loss with respect to the queries after crossing block J, from key blocks < J):
           dV_J += P^T dO,   dKt_J += scale dS^T r_{I,J},
           dM_J += r_{I,J}^T dr,   dr <- dr M_J^T + scale dS Kt_J,   finally dQt_I = dr.
-      The intra-block dS is written per block.
+      The intra-block dS is written per block. Query blocks may go in pairs, as in the forward:
+      the pair walks J together, up to the first block's own, then the second block alone
+      crosses and attends the first block. With 16-bit inputs the products of dr with r and M
+      may take float16 operands, dr scaled into float16's range (HALF_ADJOINT_HEAD_DIMS).
    b. Across chunks, queries first (_bwd_cross_q_kernel): the same walk one chunk at a time,
       from Qs and Kc with Mc: dQs_I, and dMc_c += r_{I,c}^T dr per (query block, chunk). Two
       query blocks of a chunk cross the earlier chunks alike, so at D = 128 they go as one tile.
@@ -105,7 +110,7 @@ _KERNELS = None
 
 def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
-    global _KERNELS, _carry, _back_across, _attend, _load_f32  # helpers are module globals: kernels look names up there
+    global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _load_f32  # helpers are module globals: kernels look names up there
     if _KERNELS is not None:
         return _KERNELS
 
@@ -117,16 +122,30 @@ def _kernels():
             m = tl.trans(m)
         if HH16:
             # 16-bit inputs: float16 operands (tf32's mantissa, twice its rate), float32 sums
-            return tl.dot(x.to(tl.float16), m.to(tl.float16))
-        return tl.dot(x, m.to(tl.float32), input_precision=PREC)
+            xm = tl.dot(x.to(tl.float16), m.to(tl.float16))
+        else:
+            xm = tl.dot(x, m.to(tl.float32), input_precision=PREC)
+        return xm
 
     @triton.jit
     def _back_across(dr, r, rs, rows, dm, mats, j, cols, D: tl.constexpr, RELOAD: tl.constexpr,
-                     PREC: tl.constexpr):
+                     ADJ16: tl.constexpr, PREC: tl.constexpr):
         """The adjoint dr of rows r carried back across M_j, the j-th D x D product at mats: adds
         r^T dr into dL/dM_j (the j-th at dm) and returns dr M_j^T. r^T dr goes in row slabs of at
         most 64 (smaller layout conversions), each slab of r loaded again from rs (at rows) with
-        RELOAD (r is one slab otherwise)."""
+        RELOAD (r is one slab otherwise).
+
+        With ADJ16 (16-bit inputs only: r and M are float16 there) the products take float16
+        operands, tf32's mantissa in half the registers and shared memory: dr is scaled into
+        float16's range by a power of two that is taken out of the float32 results again."""
+        if ADJ16:
+            # the largest |dr| is 2^e times 1.x; up = 2^(14 - e) brings it to [2^14, 2^15), from
+            # the float32 bits (exact); a negligible dr (e < -113) is 0 in float16's range anyway
+            top = tl.max(tl.max(tl.abs(dr), 1), 0)
+            e = tl.maximum((top.to(tl.int32, bitcast=True) >> 23) - 127, -113)
+            up = ((141 - e) << 23).to(tl.float32, bitcast=True)
+            down = ((113 + e) << 23).to(tl.float32, bitcast=True)
+            drs = (dr * up).to(tl.float16)
         DS: tl.constexpr = 64 if D > 64 else D
         slab = tl.arange(0, DS)
         for sl in tl.static_range(D // DS):
@@ -135,8 +154,15 @@ def _kernels():
             else:
                 rsl = r
             dm_ptr = dm + j * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
-            tl.store(dm_ptr, tl.dot(tl.trans(rsl), dr, acc=tl.load(dm_ptr), input_precision=PREC))
-        return _carry(dr, mats + j * D * D, cols, D, True, False, PREC)
+            if ADJ16:
+                tl.store(dm_ptr, tl.load(dm_ptr) + tl.dot(tl.trans(rsl.to(tl.float16)), drs) * down)
+            else:
+                tl.store(dm_ptr, tl.dot(tl.trans(rsl), dr, acc=tl.load(dm_ptr), input_precision=PREC))
+        if ADJ16:
+            dr = _carry(drs, mats + j * D * D, cols, D, True, True, PREC) * down
+        else:
+            dr = _carry(dr, mats + j * D * D, cols, D, True, False, PREC)
+        return dr
 
     @triton.jit
     def _load_f32(ptr, offs, mask):
@@ -145,54 +171,80 @@ def _kernels():
         return tl.load(ptr + offs, mask=mask, other=0.0, volatile=True).to(tl.float32)
 
     @triton.jit
-    def _attend(r, kt, v, m, l, acc, gq, gk, scale, HAS_GATE: tl.constexpr, PREC: tl.constexpr):
-        """One key block of the online softmax for queries r: the updated (m, l, acc)."""
-        DT = kt.dtype
-        s = tl.dot(r.to(DT), tl.trans(kt), input_precision=PREC) * scale
+    def _logits(r, kt, gq, gk, scale, HAS_GATE: tl.constexpr, PREC: tl.constexpr):
+        """The logits of queries r (at key block kt's end) with keys kt."""
+        s = tl.dot(r.to(kt.dtype), tl.trans(kt), input_precision=PREC) * scale
         if HAS_GATE:
             s += gq[:, None] - gk[None, :]
+        return s
+
+    @triton.jit
+    def _softmax_step(s, v, m, l, acc, PREC: tl.constexpr):
+        """One key block of the online softmax, from its logits s: the updated (m, l, acc)."""
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DT), v, input_precision=PREC)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         return m_new, l, acc
+
+    @triton.jit
+    def _attend(r, kt, v, m, l, acc, gq, gk, scale, HAS_GATE: tl.constexpr, PREC: tl.constexpr):
+        """One key block of the online softmax for queries r: the updated (m, l, acc)."""
+        return _softmax_step(_logits(r, kt, gq, gk, scale, HAS_GATE, PREC), v, m, l, acc, PREC)
 
     @triton.jit(do_not_specialize=["N", "C"])
     def _path_fwd_kernel(
         QT, QS, KT, KC, V, MB, MC, G, SI, O, LSE,
         N, C, scale,
-        D: tl.constexpr, BT: tl.constexpr,
+        D: tl.constexpr, BT: tl.constexpr, QB: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
-        ib = N - 1 - tl.program_id(0)  # the longest rows are launched first
+        # A program owns the tile of QB query blocks (1 or 2) from block ib, a multiple of QB.
+        # With several chunks these have an even number of blocks, so a pair lies in one chunk
+        # (its second block may lie past the end: its rows are masked).
+        ib = ((N + QB - 1) // QB - 1 - tl.program_id(0)) * QB  # the longest rows are launched first
         bh = tl.program_id(1).to(tl.int64)
         Tp = N * BT
         NC = (N + C - 1) // C
-        first = (ib // C) * C  # the first block of the query block's chunk
-        rows = tl.arange(0, BT)
+        first = (ib // C) * C  # the first block of the tile's chunk
+        rows = tl.arange(0, QB * BT)  # the tile's rows
+        krows = tl.arange(0, BT)  # a key block's rows
         cols = tl.arange(0, D)
         base = bh * Tp * D
         offs_i = ib * BT + rows
+        valid = offs_i < Tp
         tile_i = base + offs_i[:, None] * D + cols[None, :]
-
-        # the query block's own keys: logits come precomputed (scale and gate included)
-        s = tl.load(SI + (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :])
-        s = tl.where(rows[None, :] <= rows[:, None], s, float("-inf"))
-        m = tl.max(s, 1)
-        p = tl.exp(s - m[:, None])
-        l = tl.sum(p, 1)
-        DT = KT.dtype.element_ty  # storage / data-dot dtype: float32, or q's 16-bit dtype
-        acc = tl.dot(p.to(DT), tl.load(V + tile_i), input_precision=PREC)
-        gq = tl.zeros([BT], dtype=tl.float32)
+        gq = tl.zeros([QB * BT], dtype=tl.float32)
         if HAS_GATE:
-            gq = tl.load(G + bh * Tp + offs_i)
+            gq = tl.load(G + bh * Tp + offs_i, mask=valid, other=0.0)
+        m = tl.full([QB * BT], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([QB * BT], dtype=tl.float32)
+        acc = tl.zeros([QB * BT, D], dtype=tl.float32)
+        r = tl.load(QT + tile_i, mask=valid[:, None], other=0.0).to(tl.float32)
+
+        # the tile's own blocks: a block's logits with its own keys come precomputed (scale and
+        # gate included); a pair's second block sees the first one's keys from its own start
+        for h in tl.static_range(QB):
+            offs_h = (ib + h) * BT + krows
+            tile_h = base + offs_h[:, None] * D + cols[None, :]
+            own = (rows // BT == h)[:, None] & (krows[None, :] <= (rows % BT)[:, None]) & valid[:, None]
+            s = tl.load(SI + (bh * N + ib + h) * BT * BT + (rows % BT)[:, None] * BT + krows[None, :],
+                        mask=own, other=float("-inf"))
+            if h + 1 < QB:
+                gk = tl.load(G + bh * Tp + offs_h) if HAS_GATE else gq
+                later = rows[:, None] >= (h + 1) * BT
+                s = tl.where(later, _logits(r, tl.load(KT + tile_h), gq, gk, scale, HAS_GATE, PREC), s)
+            v = tl.load(V + tile_h, mask=(offs_h < Tp)[:, None], other=0.0)
+            m, l, acc = _softmax_step(s, v, m, l, acc, PREC)
+        if HAS_HH & (QB > 1):
+            # the second block's queries cross the first block: the tile starts there
+            r = tl.where((rows >= BT)[:, None], _carry(r, MB + (bh * N + ib) * D * D, cols, D, False, HH16, PREC), r)
 
         # earlier blocks of the same chunk: queries carried one block at a time
-        r = tl.load(QT + tile_i).to(tl.float32)
         for jj in range(0, ib - first):
             jb = ib - 1 - jj
-            offs_j = jb * BT + rows
+            offs_j = jb * BT + krows
             tile_j = base + offs_j[:, None] * D + cols[None, :]
             gk = tl.load(G + bh * Tp + offs_j) if HAS_GATE else gq
             m, l, acc = _attend(r, tl.load(KT + tile_j), tl.load(V + tile_j), m, l, acc, gq, gk, scale,
@@ -202,10 +254,10 @@ def _kernels():
 
         # earlier chunks: keys moved to their chunk's end, queries carried a chunk at a time
         if HAS_HH:
-            r = tl.load(QS + tile_i).to(tl.float32)  # the queries at their chunk's start
+            r = tl.load(QS + tile_i, mask=valid[:, None], other=0.0).to(tl.float32)  # at the chunk's start
         for jj in range(0, first):
             jb = first - 1 - jj
-            offs_j = jb * BT + rows
+            offs_j = jb * BT + krows
             tile_j = base + offs_j[:, None] * D + cols[None, :]
             gk = tl.load(G + bh * Tp + offs_j) if HAS_GATE else gq
             m, l, acc = _attend(r, tl.load(KC + tile_j), tl.load(V + tile_j), m, l, acc, gq, gk, scale,
@@ -214,24 +266,29 @@ def _kernels():
                 if (jb % C == 0) & (jb > 0):
                     r = _carry(r, MC + (bh * NC + jb // C) * D * D, cols, D, False, HH16, PREC)
         o = acc / l[:, None]
-        tl.store(O + tile_i, o.to(O.dtype.element_ty))
-        tl.store(LSE + bh * Tp + offs_i, m + tl.log(l))
+        tl.store(O + tile_i, o.to(O.dtype.element_ty), mask=valid[:, None])
+        tl.store(LSE + bh * Tp + offs_i, m + tl.log(l), mask=valid)
 
     @triton.jit(do_not_specialize=["T", "N", "C", "NG"])
     def _bwd_within_kernel(
         QT, KT, V, MB, G, SI, LSE, DO, O, DELTA,
         DQT, DKP, DVP, DMP, DGROW, DGCOLP, DSI, RS,
         T, OS, N, C, NG, scale,
-        D: tl.constexpr, BT: tl.constexpr,
+        D: tl.constexpr, BT: tl.constexpr, QB: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
+        ADJ16: tl.constexpr,
     ):
-        # A program owns the query blocks first + g, first + g + NG, ... of one chunk, and
-        # writes their delta = rowsum(dO o O) for the scans across chunks.
+        # A program owns the tiles of QB query blocks (1 or 2) of one chunk that start at blocks
+        # first + QB g, first + QB (g + NG), ..., and writes their delta = rowsum(dO o O) for the
+        # scans across chunks. A pair's second block crosses the first one, then the two walk
+        # the earlier blocks of the chunk as one tile (the second block may lie past the end: its
+        # rows are masked).
         first = (tl.program_id(0) // NG) * C
         g = tl.program_id(0) % NG
         bh = tl.program_id(1).to(tl.int64)
         Tp = N * BT
-        rows = tl.arange(0, BT)
+        rows = tl.arange(0, QB * BT)  # the tile's rows
+        krows = tl.arange(0, BT)  # a block's rows
         cols = tl.arange(0, D)
         own = bh * NG + g  # this program's slot in the partial sums and the scratch
         # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
@@ -243,7 +300,7 @@ def _kernels():
         O += bh * OS  # the output, [B, H, T, D] with OS elements a head
         DKP += own * Tp * D
         DVP += own * Tp * D
-        RS += own * Tp * D
+        RS += own * Tp * QB * D
         MB += bh * N * D * D
         DMP += own * N * D * D
         SI += bh * N * BT * BT
@@ -253,58 +310,77 @@ def _kernels():
         DELTA += bh * Tp
         DGROW += bh * Tp
         DGCOLP += own * Tp
-        causal = rows[None, :] <= rows[:, None]
+        causal = krows[None, :] <= krows[:, None]
 
         DT = KT.dtype.element_ty  # storage / data-dot dtype: float32, or q's 16-bit dtype
-        for ib in range(first + g, tl.minimum(first + C, N), NG):
-            # the previous query block's reads of RS and the partial sums are done
+        for ib in range(first + QB * g, tl.minimum(first + C, N), QB * NG):
+            # the previous tile's reads of RS and the partial sums are done
             tl.debug_barrier()
+            # each block's own keys, and its delta
+            for h in tl.static_range(QB):
+                hb = ib + h
+                if hb < N:
+                    offs_h = hb * BT + krows
+                    tile_h = offs_h[:, None] * D + cols[None, :]  # in every [Tp, D] buffer
+                    do = tl.load(DO + tile_h)
+                    o = tl.load(O + offs_h[:, None] * D + cols[None, :], mask=(offs_h < T)[:, None], other=0.0)
+                    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+                    tl.store(DELTA + offs_h, delta)
+                    si_ptr = hb * BT * BT + krows[:, None] * BT + krows[None, :]
+                    s = tl.load(SI + si_ptr)
+                    p = tl.where(causal, tl.exp(s - tl.load(LSE + offs_h)[:, None]), 0.0)
+                    dp = tl.dot(do, tl.trans(tl.load(V + tile_h)), input_precision=PREC)
+                    ds = p * (dp - delta[:, None])
+                    tl.debug_barrier()  # DSI may be SI itself: every thread has read its logits
+                    tl.store(DSI + si_ptr, ds)
+                    dv_ptr = DVP + tile_h
+                    tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
+            tl.debug_barrier()  # delta is read back below by other threads
+
             offs_i = ib * BT + rows
-            tile_i = offs_i[:, None] * D + cols[None, :]  # in every [Tp, D] buffer
-            do = tl.load(DO + tile_i)
-            o = tl.load(O + offs_i[:, None] * D + cols[None, :], mask=(offs_i < T)[:, None], other=0.0)
-            delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
-            tl.store(DELTA + offs_i, delta)
-            lse = tl.load(LSE + offs_i)
-
-            # the query block's own keys
-            si_ptr = ib * BT * BT + rows[:, None] * BT + rows[None, :]
-            s = tl.load(SI + si_ptr)
-            p = tl.where(causal, tl.exp(s - lse[:, None]), 0.0)
-            v = tl.load(V + tile_i)
-            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-            ds = p * (dp - delta[:, None])
-            tl.debug_barrier()  # DSI may be SI itself: every thread has read its logits
-            tl.store(DSI + si_ptr, ds)
-            dv_ptr = DVP + tile_i
-            tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
-
-            qt = tl.load(QT + tile_i).to(tl.float32)
-            r = qt
+            valid = offs_i < Tp
+            tile_i = offs_i[:, None] * D + cols[None, :]
+            do = tl.load(DO + tile_i, mask=valid[:, None], other=0.0)
+            delta = tl.load(DELTA + offs_i, mask=valid, other=0.0)
+            # rows past the end: probabilities exactly 0, so no gradient flows from them
+            lse = tl.load(LSE + offs_i, mask=valid, other=float("inf"))
+            r = tl.load(QT + tile_i, mask=valid[:, None], other=0.0).to(tl.float32)
             if HAS_HH:
                 # replay the forward carry of the queries within the chunk, keeping each position
+                if QB > 1:
+                    # a pair's second block crosses the first alone; the first's rows stay 0 there
+                    second = (rows >= BT)[:, None]
+                    tl.store(RS + ib * QB * BT * D + rows[:, None] * D + cols[None, :],
+                             tl.where(second, r, 0.0).to(RS.dtype.element_ty))
+                    r = tl.where(second, _carry(r, MB + ib * D * D, cols, D, False, HH16, PREC), r)
                 for jj in range(0, ib - first):
                     jb = ib - 1 - jj
-                    tl.store(RS + (jb * BT + rows)[:, None] * D + cols[None, :], r.to(RS.dtype.element_ty))
+                    tl.store(RS + jb * QB * BT * D + rows[:, None] * D + cols[None, :], r.to(RS.dtype.element_ty))
                     r = _carry(r, MB + jb * D * D, cols, D, False, HH16, PREC)
                 # RS is read back below in another register layout, i.e. by other threads
                 tl.debug_barrier()
-            gq = tl.zeros([BT], dtype=tl.float32)
+            gq = tl.zeros([QB * BT], dtype=tl.float32)
             if HAS_GATE:
-                gq = tl.load(G + offs_i)
-            dg_row = tl.zeros([BT], dtype=tl.float32)
-            dr = tl.zeros([BT, D], dtype=tl.float32)
-            for jb in range(first, ib):
-                offs_j = jb * BT + rows
+                gq = tl.load(G + offs_i, mask=valid, other=0.0)
+            dg_row = tl.zeros([QB * BT], dtype=tl.float32)
+            dr = tl.zeros([QB * BT, D], dtype=tl.float32)
+            # key blocks first to last; a pair's last one, block ib, is the second block's alone
+            for jb in range(first, ib + QB - 1):
+                offs_j = jb * BT + krows
                 tile_j = offs_j[:, None] * D + cols[None, :]
+                rs_j = RS + jb * QB * BT * D
                 if HAS_HH:
-                    r = tl.load(RS + tile_j).to(tl.float32)
+                    r = tl.load(rs_j + rows[:, None] * D + cols[None, :]).to(tl.float32)
                 kt = tl.load(KT + tile_j)
                 rb = r.to(DT)
                 s = tl.dot(rb, tl.trans(kt), input_precision=PREC) * scale
                 if HAS_GATE:
                     s += gq[:, None] - tl.load(G + offs_j)[None, :]
                 p = tl.exp(s - lse[:, None])
+                if QB > 1:
+                    p = tl.where(rows[:, None] >= (jb + 1 - ib) * BT, p, 0.0)
+                    if jb == ib:
+                        tl.store(DQT + tile_i, dr, mask=(rows < BT)[:, None])  # the first block is done
                 dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
                 dsb = (ds * scale).to(DT)
@@ -318,10 +394,10 @@ def _kernels():
                     tl.store(dgc_ptr, tl.load(dgc_ptr) - tl.sum(ds, 0))
                 if HAS_HH:
                     # dr is dL/d(queries before block jb); carry it back across the block
-                    dr = _back_across(dr, r, RS, offs_j, DMP, MB, jb, cols, D, D > 64, PREC)
+                    dr = _back_across(dr, r, rs_j, rows, DMP, MB, jb, cols, D, (D > 64) | (QB > 1), ADJ16, PREC)
                 dr = tl.dot(dsb, kt, acc=dr, input_precision=PREC)
-            tl.store(DQT + tile_i, dr)
-            tl.store(DGROW + offs_i, dg_row)
+            tl.store(DQT + tile_i, dr, mask=((rows >= (QB - 1) * BT) & valid)[:, None])
+            tl.store(DGROW + offs_i, dg_row, mask=valid)
 
     @triton.jit(do_not_specialize=["N", "C", "NG"])
     def _bwd_cross_q_kernel(
@@ -330,6 +406,7 @@ def _kernels():
         N, C, NG, scale,
         D: tl.constexpr, BT: tl.constexpr, QB: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
+        ADJ16: tl.constexpr,
     ):
         # A program owns the tiles of QB query blocks (1 or 2) that start at blocks C + QB g,
         # C + QB (g + NG), ..., those with earlier chunks. Chunks have an even number of blocks,
@@ -393,7 +470,7 @@ def _kernels():
                     r = tl.load(rs_c + rows[:, None] * D + cols[None, :]).to(r.dtype)
                     if c > 0:
                         # a pair's r is in the data dtype: its float32 slabs come from RS
-                        dr = _back_across(dr, r, rs_c, rows, DMCP, MC, c, cols, D, (D > 64) | (QB > 1), PREC)
+                        dr = _back_across(dr, r, rs_c, rows, DMCP, MC, c, cols, D, (D > 64) | (QB > 1), ADJ16, PREC)
                 for jb in range(c * C, c * C + C):
                     offs_j = jb * BT + krows
                     tile_j = offs_j[:, None] * D + cols[None, :]
@@ -816,11 +893,21 @@ ONE_CHUNK_TOKENS = 1024
 CHUNK_TOKENS = 512
 LONG_TOKENS = 8192
 LONG_CHUNK_TOKENS = 1024
-# Head sizes whose queries-first scan takes query blocks two at a time, as one tile of 2 BT rows
-# that crosses the earlier chunks once. On the H200, with that scan still in one loop, it went
-# from 11.50 to 8.60 ms at D = 128 and 16384 tokens, but from 5.31 to 7.39 ms at D = 64
-# (results/kernel/variants_pairs.log).
-QUERY_PAIR_HEAD_DIMS = (128,)
+# Per scan, the head sizes at which it takes query blocks two at a time, as one tile of 2 BT
+# rows. The forward's and the within-chunk scan's pair walks the earlier blocks of its chunk
+# together once its second block has crossed the first: a pair shares each key block's loads,
+# partial sums and block product. The queries-first scan's pair crosses the earlier chunks
+# together. On the H200 (results/kernel/variants_*.log; 16K tokens of 16 heads at D = 128, of
+# 32 at D = 64): the within-chunk scan went from 6.56 to 3.63 ms at D = 128 (chunks of 1024
+# tokens) and from 2.96 to 2.84 ms at D = 64; the forward from 4.88 to 3.48 ms at D = 128 and
+# 16384 tokens, but from 3.79 to 5.11 ms at D = 64; the queries-first scan, then in one loop,
+# from 11.50 to 8.60 ms at D = 128, but from 5.31 to 7.39 ms at D = 64.
+QUERY_PAIRS = {"fwd": (128,), "within": (64, 128), "cross_q": (128,)}
+# Head sizes whose 16-bit inputs carry the queries' gradient back across blocks and chunks with
+# float16 operands (scaled) instead of tf32 (_back_across). At D = 128 that lets the within-chunk
+# scan take pairs: 144 KB of shared memory against 272 KB (sm_90, triton 3.9), more than an
+# H200 has. At D = 64 it made the queries-first scan slower, 5.07 ms against 4.32 at 16384 tokens.
+HALF_ADJOINT_HEAD_DIMS = (128,)
 # Head sizes whose chunked path passed the GPU tests in 16-bit. At D = 32 it hit an illegal
 # memory access in bfloat16 on the H200 (float32 there, and the interpreter, are exact); until
 # that is found, smaller heads run as one chunk (results/kernel/README.md).
@@ -861,11 +948,15 @@ _FLOAT32_CONFIGS = {("bwd", 128): [(32, 4, 1), (16, 4, 1)]}
 # only one stage. The preprocessing backward, since it runs in three parts, takes (4, 1): 3.83 ms
 # against 3.96 with (8, 1) at D = 128, and 2.28 against 2.29 with (4, 2) at D = 64, for 16K tokens
 # of 16 and 32 heads (results/kernel/variants.log). The queries-first scan at D = 128, which takes
-# query blocks in pairs there, fits only one stage.
+# query blocks in pairs there, fits only one stage. Kernels that take query blocks in pairs
+# (QUERY_PAIRS) were timed again with them (variants_within.log, variants_fwd_pairs.log): the
+# within-chunk scan at D = 64 with (8, 2), 2.84 ms against 3.32 with (8, 1) and 4.04 with (4, 2),
+# for 16K tokens of 32 heads; the forward at D = 128 with (8, 2), 3.48 ms against 3.82 with
+# (8, 1) at 16384 tokens of 16 heads.
 _KERNEL_LAUNCH_64 = {
-    64: {"prep_fwd": (4, 2), "fwd": (4, 2), "edges_fwd": (4, 2), "within": (4, 2),
+    64: {"prep_fwd": (4, 2), "fwd": (4, 2), "edges_fwd": (4, 2), "within": (8, 2),
          "cross_q": (4, 3), "cross_kv": (4, 3), "edges_bwd": (4, 2), "prep_bwd": (4, 1)},
-    128: {"prep_fwd": (8, 1), "fwd": (4, 3), "edges_fwd": (4, 2), "within": (8, 1),
+    128: {"prep_fwd": (8, 1), "fwd": (8, 2), "edges_fwd": (4, 2), "within": (8, 1),
           "cross_q": (8, 1), "cross_kv": (4, 2), "edges_bwd": (8, 1), "prep_bwd": (4, 1)},
 }
 _BLOCK_LOCAL = ("prep_fwd", "prep_bwd", "edges_fwd", "edges_bwd")
@@ -1178,13 +1269,14 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
         dummy = _dummy(dev)
         O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
         LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
-        _kernels()[0][(N, B * H)](
+        QB = 2 if D in QUERY_PAIRS["fwd"] else 1
+        _kernels()[0][(-(-N // QB), B * H)](
             Qt, Qs, Kt, Kc, _to_blocks(v, Tp, sd).contiguous(),
             dummy if Mb is None else Mb, dummy if Mc is None else Mc,
             dummy if Gf is None else Gf,
             SI, O, LSE,
             N, C, float(scale),
-            D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate,
+            D=D, BT=BT, QB=QB, HAS_HH=has_hh, HAS_GATE=has_gate,
             PREC=prec, HH16=q.dtype != torch.float32, **opts("fwd"),
         )
         return O[:, :, :T], LSE[:, :, :T], (Qt, Kt, Mb, SI, X) if keep else None
@@ -1217,6 +1309,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             return _launch(kernel, BT, D, q.dtype, num_warps, num_stages)
 
         scan = dict(D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, HH16=q.dtype != torch.float32)
+        adj16 = q.dtype != torch.float32 and D in HALF_ADJOINT_HEAD_DIMS  # _back_across
         # the block-local results: the forward's when its blocks were these, else computed again
         if kept is not None and kept[3].shape[2:] == (N, BT, BT):
             Qt, Kt, Mb, SI, XB = kept
@@ -1231,20 +1324,22 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         dummy = _dummy(dev)
         G = Gf if has_gate else dummy
 
-        # 1. pairs of blocks within a chunk: NGw programs per chunk (several only when one chunk
-        # spans the sequence), each with its own partial sums, added in a fixed order
-        NGw = _num_groups(N, B * H, dev, num_warps) if NC == 1 else 1
+        # 1. pairs of blocks within a chunk, query blocks QBw at a time: NGw programs per chunk
+        # (several only when one chunk spans the sequence), each with its own partial sums, added
+        # in a fixed order
+        QBw = 2 if D in QUERY_PAIRS["within"] else 1
+        NGw = _num_groups(-(-N // QBw), B * H, dev, num_warps) if NC == 1 else 1
         dQt = torch.empty(B, H, Tp, D, **f32)
         dKp = torch.zeros(B, H, NGw, Tp, D, **f32)
         dVp = torch.zeros(B, H, NGw, Tp, D, **f32)
         dMp = torch.zeros(B, H, NGw, N, D, D, **f32) if has_hh else dummy
         dGrow = torch.empty(B, H, Tp, **f32)
         dGcolp = torch.zeros(B, H, NGw, Tp, **f32)
-        RS = torch.empty(B, H, NGw, Tp, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
+        RS = torch.empty(B, H, NGw, N, QBw * BT, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
         _kernels()[1][(NC * NGw, B * H)](
             Qt, Kt, V, Mb if has_hh else dummy, G, SI, lse, dO, O, delta,
             dQt, dKp, dVp, dMp, dGrow, dGcolp, dSI, RS,
-            T, O.stride(1), N, C, NGw, float(scale), **scan, **opts("within"),
+            T, O.stride(1), N, C, NGw, float(scale), QB=QBw, ADJ16=adj16, **scan, **opts("within"),
         )
         del RS
 
@@ -1270,7 +1365,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
                 Qs, Kc, Mc = Qt, Kt, dummy
             # dQs and dL/dMc (queries first, QB blocks at a time), NGq programs per head with
             # their own partial sums
-            QB = 2 if D in QUERY_PAIR_HEAD_DIMS else 1
+            QB = 2 if D in QUERY_PAIRS["cross_q"] else 1
             NGq = _num_groups(-(-(N - C) // QB), B * H, dev, num_warps)
             dQs = torch.zeros(B, H, Tp, D, **f32)
             dMcp = torch.zeros(B, H, NGq, NC, D, D, **f32) if has_hh else dummy
@@ -1278,7 +1373,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             _kernels()[4][(NGq, B * H)](
                 Qs, Kc, V, Mc, G, lse, dO, delta,
                 dQs, dMcp, dGrow, RSc,
-                N, C, NGq, float(scale), QB=QB, **scan, **opts("cross_q"),
+                N, C, NGq, float(scale), QB=QB, ADJ16=adj16, **scan, **opts("cross_q"),
             )
             del RSc
             if has_hh:

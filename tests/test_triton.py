@@ -124,11 +124,11 @@ def test_gpu_block_size_and_several_backward_programs(monkeypatch):
 def test_keys_many_chunks_back(monkeypatch, hh, pairs):
     """Soft attention without a gate, so that keys several chunks back carry real gradient;
     chunks of four blocks, the last one of three, two backward programs per head. With pairs,
-    the queries-first scan takes query blocks two at a time, and the last pair has one block
+    the forward and the scans take query blocks two at a time, and the last pair has one block
     past the end."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "QUERY_PAIR_HEAD_DIMS", (32,) if pairs else ())
+    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (32,) if pairs else ()))
     monkeypatch.setattr(tp, "INTERPRET_CHUNK", 4)
     monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
     args = make_inputs(2, 170, 1, 32, hh, False)
@@ -137,13 +137,27 @@ def test_keys_many_chunks_back(monkeypatch, hh, pairs):
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
-def test_query_pair_past_the_end_under_a_strong_gate(monkeypatch):
-    """Five blocks in chunks of two, query blocks in pairs: the queries-first scan's last pair
-    has one block past the end. Its rows must carry no gradient even where a gate that forgets
-    fast makes their unnormalised probabilities overflow."""
+@pytest.mark.parametrize("pairs", [False, True], ids=["single", "pairs"])
+def test_one_chunk_in_two_programs(monkeypatch, pairs):
+    """Seven blocks in one chunk, split between two within-chunk programs; with pairs, the
+    forward and the within-chunk scan take query blocks two at a time, and the last pair has one
+    block past the end."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "QUERY_PAIR_HEAD_DIMS", (16,))
+    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,) if pairs else ()))
+    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 1000)
+    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
+    check_against_reference(make_inputs(2, 109, 2, 16, True, True))
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter settings")
+def test_query_pair_past_the_end_under_a_strong_gate(monkeypatch):
+    """Five blocks in chunks of two, query blocks in pairs: the last pair of the forward and of
+    the scans has one block past the end. Its rows must carry no gradient even where a gate
+    that forgets fast makes their unnormalised probabilities overflow."""
+    import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,)))
     monkeypatch.setattr(tp, "INTERPRET_BLOCK", 32)
     args = make_inputs(1, 150, 2, 16, True, True)
     args[5] = torch.full_like(args[5], -20.0)
@@ -299,6 +313,29 @@ def test_low_precision_forward(dtype):
     for a, x, b in zip(g, [a for a in args if a is not None], rg):
         assert a.dtype == x.dtype and torch.isfinite(a.float()).all()
         assert rel(a, b) <= 5e-2, rel(a, b)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter settings")
+@pytest.mark.parametrize("dout_scale", [1e-7, 1e8], ids=["tiny", "large"])
+def test_bfloat16_backward_at_any_gradient_scale(monkeypatch, dout_scale):
+    """bfloat16 has float32's range, but 16-bit inputs may carry the queries' gradient back
+    across blocks and chunks in float16, scaled into its range: gradients far below float16's
+    smallest normal number, or above its largest, keep their precision. Chunks of four blocks,
+    soft attention without a gate, so that the gradient crosses several blocks."""
+    import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 4)
+    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (32,)))
+    monkeypatch.setattr(tp, "HALF_ADJOINT_HEAD_DIMS", (32,))
+    args = make_inputs(1, 170, 2, 32, True, False)
+    args[0] = args[0] * 0.3
+    args = [a.bfloat16() if i < 3 else a for i, a in enumerate(args)]
+    dout = torch.randn(args[0].shape, device=DEV).bfloat16().double() * dout_scale
+    _, g = grads(path_attention_triton, args, dout)
+    _, rg = grads(path_attention_reference, [a.double() if a is not None else None for a in args], dout)
+    for name, a, b in zip("q k v w beta".split(), g, rg):
+        err = ((a.double() - b).norm() / b.norm()).item()  # rel() would floor tiny norms
+        assert err <= 2e-2, (name, err)
 
 
 def test_parameter_dtypes_are_upcast():
