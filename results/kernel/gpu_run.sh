@@ -2,7 +2,8 @@
 # One run on a lent H200 (`run` with carry [".whl"]): tests, model check, benchmark.
 # Writes setup.log, gpu_tests.log, check.log, chunks.log, resources.log, bench.log,
 # kernel_bench.csv and kernel_bench.png under $OUT; phases are guarded by timeouts so the benchmark always runs. $1: seconds for it all.
-# PHASES: which of the three phases below to run (default "1 2 3").
+# PHASES: which of the three phases below to run (default "1 2 3"). TREE: the commit whose tree
+# runs, for setup.log (a copied working tree may carry an older commit's git metadata).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 budget=${1:-330}
@@ -15,7 +16,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  git log -1 --format='tree of commit %H' 2>/dev/null || true
+  echo "tree of commit ${TREE:-$(git log -1 --format=%H 2>/dev/null)}"
   echo "installed at $(el)s"
 } >"$OUT/setup.log" 2>&1
 cat "$OUT/setup.log"
