@@ -110,7 +110,7 @@ _KERNELS = None
 
 def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
-    global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _load_rows, _load_f32  # helpers are module globals: kernels look names up there
+    global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _load_f32  # helpers are module globals: kernels look names up there
     if _KERNELS is not None:
         return _KERNELS
 
@@ -165,12 +165,6 @@ def _kernels():
         return dr
 
     @triton.jit
-    def _load_rows(ptr, offs, cols, T, H, D: tl.constexpr):
-        """Rows offs of one head of a [B, T, H, D] input, ptr at the head's row 0: read in place,
-        rows from T on as 0."""
-        return tl.load(ptr + offs[:, None] * (H * D) + cols[None, :], mask=(offs < T)[:, None], other=0.0)
-
-    @triton.jit
     def _load_f32(ptr, offs, mask):
         """A [BT, D] tile of a [B, T, H, D] input in float32, loaded again where it is used
         (volatile: not merged with earlier loads) so that it is not kept live in between."""
@@ -199,10 +193,10 @@ def _kernels():
         """One key block of the online softmax for queries r: the updated (m, l, acc)."""
         return _softmax_step(_logits(r, kt, gq, gk, scale, HAS_GATE, PREC), v, m, l, acc, PREC)
 
-    @triton.jit(do_not_specialize=["T", "H", "N", "C"])
+    @triton.jit(do_not_specialize=["N", "C"])
     def _path_fwd_kernel(
         QT, QS, KT, KC, V, MB, MC, G, SI, O, LSE,
-        T, H, N, C, scale,
+        N, C, scale,
         D: tl.constexpr, BT: tl.constexpr, QB: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
@@ -218,7 +212,6 @@ def _kernels():
         krows = tl.arange(0, BT)  # a key block's rows
         cols = tl.arange(0, D)
         base = bh * Tp * D
-        V += (bh // H) * T * H * D + (bh % H) * D  # v in place, [B, T, H, D]
         offs_i = ib * BT + rows
         valid = offs_i < Tp
         tile_i = base + offs_i[:, None] * D + cols[None, :]
@@ -242,7 +235,7 @@ def _kernels():
                 gk = tl.load(G + bh * Tp + offs_h) if HAS_GATE else gq
                 later = rows[:, None] >= (h + 1) * BT
                 s = tl.where(later, _logits(r, tl.load(KT + tile_h), gq, gk, scale, HAS_GATE, PREC), s)
-            v = _load_rows(V, offs_h, cols, T, H, D)
+            v = tl.load(V + tile_h, mask=(offs_h < Tp)[:, None], other=0.0)
             m, l, acc = _softmax_step(s, v, m, l, acc, PREC)
         if HAS_HH & (QB > 1):
             # the second block's queries cross the first block: the tile starts there
@@ -254,7 +247,7 @@ def _kernels():
             offs_j = jb * BT + krows
             tile_j = base + offs_j[:, None] * D + cols[None, :]
             gk = tl.load(G + bh * Tp + offs_j) if HAS_GATE else gq
-            m, l, acc = _attend(r, tl.load(KT + tile_j), _load_rows(V, offs_j, cols, T, H, D), m, l, acc, gq, gk, scale,
+            m, l, acc = _attend(r, tl.load(KT + tile_j), tl.load(V + tile_j), m, l, acc, gq, gk, scale,
                                 HAS_GATE, PREC)
             if HAS_HH:
                 r = _carry(r, MB + (bh * N + jb) * D * D, cols, D, False, HH16, PREC)
@@ -267,7 +260,7 @@ def _kernels():
             offs_j = jb * BT + krows
             tile_j = base + offs_j[:, None] * D + cols[None, :]
             gk = tl.load(G + bh * Tp + offs_j) if HAS_GATE else gq
-            m, l, acc = _attend(r, tl.load(KC + tile_j), _load_rows(V, offs_j, cols, T, H, D), m, l, acc, gq, gk, scale,
+            m, l, acc = _attend(r, tl.load(KC + tile_j), tl.load(V + tile_j), m, l, acc, gq, gk, scale,
                                 HAS_GATE, PREC)
             if HAS_HH:
                 if (jb % C == 0) & (jb > 0):
@@ -276,11 +269,11 @@ def _kernels():
         tl.store(O + tile_i, o.to(O.dtype.element_ty), mask=valid[:, None])
         tl.store(LSE + bh * Tp + offs_i, m + tl.log(l), mask=valid)
 
-    @triton.jit(do_not_specialize=["T", "H", "N", "C", "NG"])
+    @triton.jit(do_not_specialize=["T", "N", "C", "NG"])
     def _bwd_within_kernel(
         QT, KT, V, MB, G, SI, LSE, DO, O, DELTA,
         DQT, DKP, DVP, DMP, DGROW, DGCOLP, DSI, RS,
-        T, H, OS, N, C, NG, scale,
+        T, OS, N, C, NG, scale,
         D: tl.constexpr, BT: tl.constexpr, QB: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
         ADJ16: tl.constexpr,
@@ -301,8 +294,8 @@ def _kernels():
         # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
         QT += bh * Tp * D
         KT += bh * Tp * D
-        V += (bh // H) * T * H * D + (bh % H) * D  # v and dO in place, [B, T, H, D]
-        DO += (bh // H) * T * H * D + (bh % H) * D
+        V += bh * Tp * D
+        DO += bh * Tp * D
         DQT += bh * Tp * D
         O += bh * OS  # the output, [B, H, T, D] with OS elements a head
         DKP += own * Tp * D
@@ -329,14 +322,14 @@ def _kernels():
                 if hb < N:
                     offs_h = hb * BT + krows
                     tile_h = offs_h[:, None] * D + cols[None, :]  # in every [Tp, D] buffer
-                    do = _load_rows(DO, offs_h, cols, T, H, D)
+                    do = tl.load(DO + tile_h)
                     o = tl.load(O + offs_h[:, None] * D + cols[None, :], mask=(offs_h < T)[:, None], other=0.0)
                     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
                     tl.store(DELTA + offs_h, delta)
                     si_ptr = hb * BT * BT + krows[:, None] * BT + krows[None, :]
                     s = tl.load(SI + si_ptr)
                     p = tl.where(causal, tl.exp(s - tl.load(LSE + offs_h)[:, None]), 0.0)
-                    dp = tl.dot(do, tl.trans(_load_rows(V, offs_h, cols, T, H, D)), input_precision=PREC)
+                    dp = tl.dot(do, tl.trans(tl.load(V + tile_h)), input_precision=PREC)
                     ds = p * (dp - delta[:, None])
                     tl.debug_barrier()  # DSI may be SI itself: every thread has read its logits
                     tl.store(DSI + si_ptr, ds)
@@ -347,7 +340,7 @@ def _kernels():
             offs_i = ib * BT + rows
             valid = offs_i < Tp
             tile_i = offs_i[:, None] * D + cols[None, :]
-            do = _load_rows(DO, offs_i, cols, T, H, D)
+            do = tl.load(DO + tile_i, mask=valid[:, None], other=0.0)
             delta = tl.load(DELTA + offs_i, mask=valid, other=0.0)
             # rows past the end: probabilities exactly 0, so no gradient flows from them
             lse = tl.load(LSE + offs_i, mask=valid, other=float("inf"))
@@ -388,7 +381,7 @@ def _kernels():
                     p = tl.where(rows[:, None] >= (jb + 1 - ib) * BT, p, 0.0)
                     if jb == ib:
                         tl.store(DQT + tile_i, dr, mask=(rows < BT)[:, None])  # the first block is done
-                dp = tl.dot(do, tl.trans(_load_rows(V, offs_j, cols, T, H, D)), input_precision=PREC)
+                dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
                 dsb = (ds * scale).to(DT)
                 dv_ptr = DVP + tile_j
@@ -406,11 +399,11 @@ def _kernels():
             tl.store(DQT + tile_i, dr, mask=((rows >= (QB - 1) * BT) & valid)[:, None])
             tl.store(DGROW + offs_i, dg_row, mask=valid)
 
-    @triton.jit(do_not_specialize=["T", "H", "N", "C", "NG"])
+    @triton.jit(do_not_specialize=["N", "C", "NG"])
     def _bwd_cross_q_kernel(
         QS, KC, V, MC, G, LSE, DO, DELTA,
         DQS, DMCP, DGROW, RS,
-        T, H, N, C, NG, scale,
+        N, C, NG, scale,
         D: tl.constexpr, BT: tl.constexpr, QB: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
         ADJ16: tl.constexpr,
@@ -430,8 +423,8 @@ def _kernels():
         # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
         QS += bh * Tp * D
         KC += bh * Tp * D
-        V += (bh // H) * T * H * D + (bh % H) * D  # v and dO in place, [B, T, H, D]
-        DO += (bh // H) * T * H * D + (bh % H) * D
+        V += bh * Tp * D
+        DO += bh * Tp * D
         DQS += bh * Tp * D
         MC += bh * NC * D * D
         DMCP += own * NC * D * D
@@ -448,7 +441,7 @@ def _kernels():
             offs_i = ib * BT + rows
             valid = offs_i < Tp
             tile_i = offs_i[:, None] * D + cols[None, :]
-            do = _load_rows(DO, offs_i, cols, T, H, D)
+            do = tl.load(DO + tile_i, mask=valid[:, None], other=0.0)
             delta = tl.load(DELTA + offs_i, mask=valid, other=0.0)
             # rows past the end: probabilities exactly 0, so no gradient flows from them
             lse = tl.load(LSE + offs_i, mask=valid, other=float("inf"))
@@ -486,7 +479,7 @@ def _kernels():
                     if HAS_GATE:
                         s += gq[:, None] - tl.load(G + offs_j)[None, :]
                     p = tl.exp(s - lse[:, None])
-                    dp = tl.dot(do, tl.trans(_load_rows(V, offs_j, cols, T, H, D)), input_precision=PREC)
+                    dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
                     ds = p * (dp - delta[:, None])
                     dr = tl.dot((ds * scale).to(DT), kc, acc=dr, input_precision=PREC)
                     if HAS_GATE:
@@ -495,11 +488,11 @@ def _kernels():
             if HAS_GATE:
                 tl.store(DGROW + offs_i, tl.load(DGROW + offs_i, mask=valid) + dg_row, mask=valid)
 
-    @triton.jit(do_not_specialize=["T", "H", "N", "C", "NG"])
+    @triton.jit(do_not_specialize=["N", "C", "NG"])
     def _bwd_cross_kv_kernel(
         QS, KC, V, MC, G, LSE, DO, DELTA,
         DKC, DV, DGCOL, KS,
-        T, H, N, C, NG, scale,
+        N, C, NG, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
@@ -514,8 +507,8 @@ def _kernels():
         # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
         QS += bh * Tp * D
         KC += bh * Tp * D
-        V += (bh // H) * T * H * D + (bh % H) * D  # v and dO in place, [B, T, H, D]
-        DO += (bh // H) * T * H * D + (bh % H) * D
+        V += bh * Tp * D
+        DO += bh * Tp * D
         DKC += bh * Tp * D
         DV += bh * Tp * D
         MC += bh * NC * D * D
@@ -539,7 +532,7 @@ def _kernels():
                     if c < NC - 1:
                         kc = _carry(kc, MC + c * D * D, cols, D, True, HH16, PREC)
                 tl.debug_barrier()
-            v = _load_rows(V, offs_j, cols, T, H, D)
+            v = tl.load(V + tile_j)
             gk = tl.zeros([BT], dtype=tl.float32)
             if HAS_GATE:
                 gk = tl.load(G + offs_j)
@@ -565,7 +558,7 @@ def _kernels():
                     if HAS_GATE:
                         s += tl.load(G + offs_i)[:, None] - gk[None, :]
                     p = tl.exp(s - tl.load(LSE + offs_i)[:, None])
-                    do = _load_rows(DO, offs_i, cols, T, H, D)
+                    do = tl.load(DO + tile_i)
                     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
                     ds = p * (dp - tl.load(DELTA + offs_i)[:, None])
                     dv = tl.dot(tl.trans(p.to(DT)), do, acc=dv, input_precision=PREC)
@@ -1278,11 +1271,11 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
         LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
         QB = 2 if D in QUERY_PAIRS["fwd"] else 1
         _kernels()[0][(-(-N // QB), B * H)](
-            Qt, Qs, Kt, Kc, v.to(sd).contiguous(),
+            Qt, Qs, Kt, Kc, _to_blocks(v, Tp, sd).contiguous(),
             dummy if Mb is None else Mb, dummy if Mc is None else Mc,
             dummy if Gf is None else Gf,
             SI, O, LSE,
-            T, H, N, C, float(scale),
+            N, C, float(scale),
             D=D, BT=BT, QB=QB, HAS_HH=has_hh, HAS_GATE=has_gate,
             PREC=prec, HH16=q.dtype != torch.float32, **opts("fwd"),
         )
@@ -1324,8 +1317,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         else:
             Qt, Kt, Mb, SI, XB = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, opts("prep_fwd"), True)
             dSI = SI  # the intra-block logits' gradient overwrites them
-        V = v.to(sd).contiguous()  # v and dO are read in place
-        dO = grad_out.to(sd).contiguous()
+        V = _to_blocks(v, Tp, sd).contiguous()
+        dO = _to_blocks(grad_out, Tp, sd).contiguous()
         delta = torch.empty(B, H, Tp, **f32)  # rowsum(dO o O), written by the within-chunk scan
         lse = torch.nn.functional.pad(LSE, pad).contiguous()
         dummy = _dummy(dev)
@@ -1346,7 +1339,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         _kernels()[1][(NC * NGw, B * H)](
             Qt, Kt, V, Mb if has_hh else dummy, G, SI, lse, dO, O, delta,
             dQt, dKp, dVp, dMp, dGrow, dGcolp, dSI, RS,
-            T, H, O.stride(1), N, C, NGw, float(scale), QB=QBw, ADJ16=adj16, **scan, **opts("within"),
+            T, O.stride(1), N, C, NGw, float(scale), QB=QBw, ADJ16=adj16, **scan, **opts("within"),
         )
         del RS
 
@@ -1380,7 +1373,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             _kernels()[4][(NGq, B * H)](
                 Qs, Kc, V, Mc, G, lse, dO, delta,
                 dQs, dMcp, dGrow, RSc,
-                T, H, N, C, NGq, float(scale), QB=QB, ADJ16=adj16, **scan, **opts("cross_q"),
+                N, C, NGq, float(scale), QB=QB, ADJ16=adj16, **scan, **opts("cross_q"),
             )
             del RSc
             if has_hh:
@@ -1397,7 +1390,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             _kernels()[5][(NGk, B * H)](
                 Qs, Kc, V, Mc, G, lse, dO, delta,
                 dKc, dV, dGcol, KS,
-                T, H, N, C, NGk, float(scale), **scan, **opts("cross_kv"),
+                N, C, NGk, float(scale), **scan, **opts("cross_kv"),
             )
             del KS
             if has_hh:
