@@ -110,7 +110,7 @@ _KERNELS = None
 
 def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
-    global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _load_f32  # helpers are module globals: kernels look names up there
+    global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _query_tile, _load_f32  # helpers are module globals: kernels look names up there
     if _KERNELS is not None:
         return _KERNELS
 
@@ -163,6 +163,19 @@ def _kernels():
         else:
             dr = _carry(dr, mats + j * D * D, cols, D, True, False, PREC)
         return dr
+
+    @triton.jit
+    def _query_tile(QX, DO, DELTA, LSE, offs, cols, Tp, D: tl.constexpr):
+        """The rows offs of a backward scan's query tile: its queries in QX (float32), dO, delta
+        and log-sum-exp. Rows past the end (Tp) get lse = inf: their probabilities are exactly
+        0, so no gradient flows from them."""
+        valid = offs < Tp
+        tile = offs[:, None] * D + cols[None, :]
+        do = tl.load(DO + tile, mask=valid[:, None], other=0.0)
+        delta = tl.load(DELTA + offs, mask=valid, other=0.0)
+        lse = tl.load(LSE + offs, mask=valid, other=float("inf"))
+        r = tl.load(QX + tile, mask=valid[:, None], other=0.0).to(tl.float32)
+        return r, do, delta, lse
 
     @triton.jit
     def _load_f32(ptr, offs, mask):
@@ -340,11 +353,7 @@ def _kernels():
             offs_i = ib * BT + rows
             valid = offs_i < Tp
             tile_i = offs_i[:, None] * D + cols[None, :]
-            do = tl.load(DO + tile_i, mask=valid[:, None], other=0.0)
-            delta = tl.load(DELTA + offs_i, mask=valid, other=0.0)
-            # rows past the end: probabilities exactly 0, so no gradient flows from them
-            lse = tl.load(LSE + offs_i, mask=valid, other=float("inf"))
-            r = tl.load(QT + tile_i, mask=valid[:, None], other=0.0).to(tl.float32)
+            r, do, delta, lse = _query_tile(QT, DO, DELTA, LSE, offs_i, cols, Tp, D)
             if HAS_HH:
                 # replay the forward carry of the queries within the chunk, keeping each position
                 if QB > 1:
@@ -441,11 +450,7 @@ def _kernels():
             offs_i = ib * BT + rows
             valid = offs_i < Tp
             tile_i = offs_i[:, None] * D + cols[None, :]
-            do = tl.load(DO + tile_i, mask=valid[:, None], other=0.0)
-            delta = tl.load(DELTA + offs_i, mask=valid, other=0.0)
-            # rows past the end: probabilities exactly 0, so no gradient flows from them
-            lse = tl.load(LSE + offs_i, mask=valid, other=float("inf"))
-            r = tl.load(QS + tile_i, mask=valid[:, None], other=0.0).to(tl.float32)
+            r, do, delta, lse = _query_tile(QS, DO, DELTA, LSE, offs_i, cols, Tp, D)
             if HAS_HH:
                 # replay the chunk-level carry of the queries, keeping them at each chunk's end
                 for cc in range(0, ib // C):
