@@ -30,12 +30,13 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
    r_{I,c} = Qs_I Mc_{c_I - 1} ... Mc_{c+1} (the queries of block I at the end of chunk c < c_I),
    the logit of query block I and key block J in chunk c is scale r_{I,c} Kc_J^T: across chunks
    queries are carried once a chunk, not once a block.
-3. Forward scan (_path_fwd_kernel, one program per (query block or pair, batch*head)): online softmax
-   over S; over the earlier blocks of the own chunk, right to left, with logits scale r Kt_J^T
-   (+ gate) and r <- r M_J after each; then from r = Qs over the earlier chunks' blocks with
-   logits scale r Kc_J^T and r <- r Mc_c after each chunk. Query blocks may go two at a time
-   (QUERY_PAIRS): once the second block's queries have crossed the first block (r <- r M_I),
-   the pair's queries stand at one place and cross the earlier blocks and chunks as one tile.
+3. Forward scan (_path_fwd_kernel, one program per (query block or pair, batch*head)): online
+   softmax over S; over the earlier blocks of the own chunk, right to left, with logits
+   scale r Kt_J^T (+ gate) and r <- r M_J after each; then from r = Qs over the earlier chunks'
+   blocks with logits scale r Kc_J^T and r <- r Mc_c after each chunk. Query blocks may go two
+   at a time (QUERY_PAIRS): once the second block's queries have crossed the first block
+   (r <- r M_I), the pair's queries stand at one place and cross the earlier blocks and chunks
+   as one tile.
 4. Backward, in three scans. Write dS = P o (dO V^T - delta) for a pair's logit gradient, with
    delta = rowsum(dO o O), which the first scan computes (and stores for the other two).
    a. Within chunks (_bwd_within_kernel, one program per chunk, which owns the chunk's sums):
@@ -110,7 +111,8 @@ _KERNELS = None
 
 def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
-    global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _query_tile, _load_f32  # helpers are module globals: kernels look names up there
+    # the helpers are module globals: kernels look names up there
+    global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _query_tile, _load_f32
     if _KERNELS is not None:
         return _KERNELS
 
@@ -252,7 +254,8 @@ def _kernels():
             m, l, acc = _softmax_step(s, v, m, l, acc, PREC)
         if HAS_HH & (QB > 1):
             # the second block's queries cross the first block: the tile starts there
-            r = tl.where((rows >= BT)[:, None], _carry(r, MB + (bh * N + ib) * D * D, cols, D, False, HH16, PREC), r)
+            crossed = _carry(r, MB + (bh * N + ib) * D * D, cols, D, False, HH16, PREC)
+            r = tl.where((rows >= BT)[:, None], crossed, r)
 
         # earlier blocks of the same chunk: queries carried one block at a time
         for jj in range(0, ib - first):
