@@ -1054,6 +1054,18 @@ def _num_groups(N: int, BH: int, device: torch.device, num_warps=None) -> int:
     return best
 
 
+def _query_blocks(kernel: str, D: int) -> int:
+    """Query blocks a program of kernel ("fwd", "within", "cross_q") takes as one tile at head
+    size D: 2 where QUERY_PAIRS says so, else 1."""
+    return 2 if D in QUERY_PAIRS[kernel] else 1
+
+
+def _sum_programs(x: torch.Tensor, programs: int) -> torch.Tensor:
+    """The sum over dim 2 of the partial sums of a scan's programs, in a fixed order (so the
+    gradients are reproducible); a view when there is one program."""
+    return x[:, :, 0] if programs == 1 else x.sum(2)
+
+
 def _to_blocks(x: torch.Tensor, Tp: int, dtype=torch.float32) -> torch.Tensor:
     """[B, T, H, ...] -> [B, H, Tp, ...] in dtype, zero padded at the end of time."""
     x = x.to(dtype).transpose(1, 2)
@@ -1277,7 +1289,7 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
         dummy = _dummy(dev)
         O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
         LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
-        QB = 2 if D in QUERY_PAIRS["fwd"] else 1
+        QB = _query_blocks("fwd", D)
         _kernels()[0][(-(-N // QB), B * H)](
             Qt, Qs, Kt, Kc, _to_blocks(v, Tp, sd).contiguous(),
             dummy if Mb is None else Mb, dummy if Mc is None else Mc,
@@ -1335,7 +1347,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         # 1. pairs of blocks within a chunk, query blocks QBw at a time: NGw programs per chunk
         # (several only when one chunk spans the sequence), each with its own partial sums, added
         # in a fixed order
-        QBw = 2 if D in QUERY_PAIRS["within"] else 1
+        QBw = _query_blocks("within", D)
         NGw = _num_groups(-(-N // QBw), B * H, dev, num_warps) if NC == 1 else 1
         dQt = torch.empty(B, H, Tp, D, **f32)
         dKp = torch.zeros(B, H, NGw, Tp, D, **f32)
@@ -1351,18 +1363,15 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         )
         del RS
 
-        def total(x):
-            return x[:, :, 0] if NGw == 1 else x.sum(2)
-
         # one sum at a time, each group's partials freed before the next, the largest last: the
         # peak stays that of the scan
-        dGcol = total(dGcolp)
+        dGcol = _sum_programs(dGcolp, NGw)
         del dGcolp
-        dKt = total(dKp)
+        dKt = _sum_programs(dKp, NGw)
         del dKp
-        dV = total(dVp)
+        dV = _sum_programs(dVp, NGw)
         del dVp
-        dM = total(dMp) if has_hh else dummy
+        dM = _sum_programs(dMp, NGw) if has_hh else dummy
         del dMp
 
         # 2. pairs across chunks: queries at their chunk's start, keys at their chunk's end
@@ -1373,7 +1382,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
                 Qs, Kc, Mc = Qt, Kt, dummy
             # dQs and dL/dMc (queries first, QB blocks at a time), NGq programs per head with
             # their own partial sums
-            QB = 2 if D in QUERY_PAIRS["cross_q"] else 1
+            QB = _query_blocks("cross_q", D)
             NGq = _num_groups(-(-(N - C) // QB), B * H, dev, num_warps)
             dQs = torch.zeros(B, H, Tp, D, **f32)
             dMcp = torch.zeros(B, H, NGq, NC, D, D, **f32) if has_hh else dummy
@@ -1385,7 +1394,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             )
             del RSc
             if has_hh:
-                dMc = dMcp[:, :, 0] if NGq == 1 else dMcp.sum(2)  # fixed order: reproducible
+                dMc = _sum_programs(dMcp, NGq)
                 _chunk_edges_backward(Qt, Mb, PS, dQs, dMc.contiguous(), dQt, dM, C, prec, opts("edges_bwd"))
                 del dMc, dMcp, PS
             else:
