@@ -901,6 +901,12 @@ ONE_CHUNK_TOKENS = 1024
 CHUNK_TOKENS = 512
 LONG_TOKENS = 8192
 LONG_CHUNK_TOKENS = 1024
+# The forward alone takes one chunk up to FWD_ONE_CHUNK_TOKENS: its scan within a chunk costs
+# less than the backward's, and one chunk spares it the chunk edges (the backward computes its
+# own chunk edges, so the two may chunk differently). On the H200 (results/kernel/variants_prep.log)
+# the forward at 2048 tokens went from 2.26 to 2.05 ms at D = 128 and from 1.61 to 1.50 at D = 64;
+# at 4096 tokens one chunk and chunks were level (2.66 against 2.69 ms at D = 128).
+FWD_ONE_CHUNK_TOKENS = 4096
 # Per scan, the head sizes at which it takes query blocks two at a time, as one tile of 2 BT
 # rows. The forward's and the within-chunk scan's pair walks the earlier blocks of its chunk
 # together once its second block has crossed the first: a pair shares each key block's loads,
@@ -1176,12 +1182,13 @@ def _spec_key(kind, q, has_hh, has_gate):
     return (kind, q.shape[-1], q.dtype, has_hh, has_gate, q.device.index, length)
 
 
-def _chunk_blocks(N: int, BT: int, D: int, device: torch.device) -> int:
-    """Blocks per chunk: keys and queries cross whole chunks in one product each. With several
-    chunks the count is even: the queries-first scan may take query blocks two at a time."""
+def _chunk_blocks(N: int, BT: int, D: int, device: torch.device, one_chunk_tokens: int) -> int:
+    """Blocks per chunk: keys and queries cross whole chunks in one product each; one chunk up to
+    one_chunk_tokens. With several chunks the count is even: the queries-first scan may take
+    query blocks two at a time."""
     if device.type != "cuda":
         C = INTERPRET_CHUNK
-    elif N * BT <= ONE_CHUNK_TOKENS or D not in CHUNKED_HEAD_DIMS or BT not in CHUNKED_BLOCKS:
+    elif N * BT <= one_chunk_tokens or D not in CHUNKED_HEAD_DIMS or BT not in CHUNKED_BLOCKS:
         C = N
     else:
         C = (LONG_CHUNK_TOKENS if N * BT > LONG_TOKENS else CHUNK_TOKENS) // BT
@@ -1276,7 +1283,7 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
         Tp = N * BT
-        C = _chunk_blocks(N, BT, D, dev)
+        C = _chunk_blocks(N, BT, D, dev, FWD_ONE_CHUNK_TOKENS)
         Gf = _gate_cumsum(log_fgate, Tp)
 
         def opts(kernel):
@@ -1319,7 +1326,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
         Tp = N * BT
-        C = _chunk_blocks(N, BT, D, dev)
+        C = _chunk_blocks(N, BT, D, dev, ONE_CHUNK_TOKENS)
         NC = -(-N // C)
         pad = (0, Tp - T)
         Gf = _gate_cumsum(log_fgate, Tp)

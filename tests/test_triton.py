@@ -233,6 +233,7 @@ def test_every_gpu_configuration(monkeypatch, D):
     import pathbench.kernels.triton_path as tp
 
     monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
+    monkeypatch.setattr(tp, "FWD_ONE_CHUNK_TOKENS", 0)
 
     fwd, bwd = (tp.gpu_configs(kind, D, torch.bfloat16) for kind in ("fwd", "bwd"))
     tried = 0
@@ -395,6 +396,7 @@ def test_chunks_on_gpu(monkeypatch, D, gate):
     import pathbench.kernels.triton_path as tp
 
     monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
+    monkeypatch.setattr(tp, "FWD_ONE_CHUNK_TOKENS", 0)
     monkeypatch.setattr(tp, "CHUNKED_HEAD_DIMS", (D,))
     monkeypatch.setattr(tp, "CHUNKED_BLOCKS", (16, 32, 64))
     check_against_reference(make_inputs(1, 1100, 2, D, True, gate))

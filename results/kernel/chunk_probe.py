@@ -21,7 +21,7 @@ for D, T, H, B in shapes:
     for tokens in (0, 128, 256, 512, 1024):
         if tokens == 0 and T > 4096 or tokens >= T:
             continue
-        tp.ONE_CHUNK_TOKENS = T if tokens == 0 else 0
+        tp.ONE_CHUNK_TOKENS = tp.FWD_ONE_CHUNK_TOKENS = T if tokens == 0 else 0
         tp.CHUNK_TOKENS = tp.LONG_CHUNK_TOKENS = tokens or 512
         tp.CHUNKED_HEAD_DIMS = (32, 64, 128) if D != 32 else (64, 128)
         try:

@@ -66,7 +66,8 @@ ref_in = [x.double().requires_grad_(True) for x in (q, k, v, w, beta)]
 ref = path_attention_reference(*ref_in)
 ref_g = torch.autograd.grad(ref, ref_in, dout)
 for one in (4096, 0):
-    tp.ONE_CHUNK_TOKENS, tp.CHUNKED_HEAD_DIMS = one, (D,)
+    tp.ONE_CHUNK_TOKENS = tp.FWD_ONE_CHUNK_TOKENS = one
+    tp.CHUNKED_HEAD_DIMS = (D,)
     ins = [x.detach().clone().requires_grad_(True) for x in (q, k, v, w, beta)]
     out = tp.path_attention_triton(*ins)
     g = torch.autograd.grad(out, ins, dout.to(out.dtype))

@@ -7,7 +7,7 @@ Run on a GPU from the repository root, one FILE:SETTING per version:
 SETTING is "default"; or "num_warps,num_stages" for the preprocessing backward; or items joined
 by "/", each "kernel=num_warps,num_stages" (at both head sizes) or "kernel@D=num_warps,num_stages"
 (at head size D) for a kernel of _KERNEL_LAUNCH_64, or "NAME=value" for one of the module's
-integer settings (ONE_CHUNK_TOKENS, CHUNK_TOKENS, LONG_TOKENS, LONG_CHUNK_TOKENS) or head-size
+integer settings (ONE_CHUNK_TOKENS, FWD_ONE_CHUNK_TOKENS, CHUNK_TOKENS, LONG_TOKENS, LONG_CHUNK_TOKENS) or head-size
 lists ("HALF_ADJOINT_HEAD_DIMS=64+128", "QUERY_PAIRS.within=none"). A SHAPES environment
 variable ("D,T,H,B;D,T,H,B") replaces the default shapes.
 """
@@ -56,10 +56,13 @@ def child(path, settings):
     # against float64, gate on: float32 at T = 700 (GPU precision settings) in one chunk and in
     # chunks of 512 tokens (the last one partial), bfloat16 q/k/v at T = 1100 in chunks of 512
     one_chunk = tp.ONE_CHUNK_TOKENS
+    fwd_one_chunk = getattr(tp, "FWD_ONE_CHUNK_TOKENS", None)  # absent in older versions
     for D, T, dtype, chunked in ((64, 700, torch.float32, False), (64, 700, torch.float32, True),
                                  (128, 700, torch.float32, False), (64, 1100, torch.bfloat16, True),
                                  (128, 1100, torch.bfloat16, True)):
         tp.ONE_CHUNK_TOKENS = 0 if chunked else one_chunk
+        if fwd_one_chunk is not None:
+            tp.FWD_ONE_CHUNK_TOKENS = 0 if chunked else fwd_one_chunk
         g = torch.Generator().manual_seed(0)
         B, H = 2, 2
         q, k, v = (torch.randn(B, T, H, D, generator=g).to(dtype) for _ in range(3))
@@ -77,6 +80,8 @@ def child(path, settings):
         print(json.dumps({"check": D, "T": T, "dtype": str(dtype), "chunked": chunked,
                           "errs": [float(f"{e:.2e}") for e in errs]}), flush=True)
     tp.ONE_CHUNK_TOKENS = one_chunk
+    if fwd_one_chunk is not None:
+        tp.FWD_ONE_CHUNK_TOKENS = fwd_one_chunk
     shapes = [tuple(map(int, x.split(","))) for x in os.environ["SHAPES"].split(";")] if "SHAPES" in os.environ else SHAPES
     for D, T, H, B in shapes:
         row = measure(D, T, H, B)
