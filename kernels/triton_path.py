@@ -8,7 +8,8 @@ Algorithm (blocks of BT tokens grouped in chunks of C blocks; ATTENTION.md "bloc
 algorithm"). Eight kernels, one launch each; everything accumulates in float32.
 
 1. Preprocessing (_prep_fwd_kernel, one program per (block, batch*head)). For the block's rows
-   (local time order) with W [BT, D], b = beta, Q, K:
+   (local time order) with W [BT, D], b = beta, Q, K (D in column slabs of at most 64, as in
+   the backward: registers):
        L  = strictly_lower(diag(b) W W^T),  X = (I + L)^{-1}   (recursive doubling of
             inverted diagonal blocks, two [BT, BT] products per level)
        U  = X diag(b) W            the block's product is M = H_last ... H_first = I - W^T U
@@ -64,10 +65,10 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
    program) live in buffers per program and are summed in torch in a fixed order: gradients
    are bitwise reproducible, without atomics.
 5. Preprocessing backward (_prep_bwd_kernel, one program per block, in three launches that each
-   take one of the products with X below), from dQt, dKt, dS (the intra-block logits' gradient)
-   and dM, with the block inverse X. The backward uses the
-   forward's preprocessing results (Qt, Kt, M, the logits, X), kept for it, or runs the
-   preprocessing again when they were not kept. With ds = scale dS:
+   take one of the products with X below; [BT, D] tiles in column slabs of at most 64), from
+   dQt, dKt, dS (the intra-block logits' gradient) and dM, with the block inverse X. The
+   backward uses the forward's preprocessing results (Qt, Kt, M, the logits, X), kept for it, or
+   runs the preprocessing again when they were not kept. With ds = scale dS:
        dQ = dQt + ds K,  dK = dKt + ds^T Q
        dU = -QW^T dQt - W dM,   dW = -U dM^T           (M = I - W^T U; Qt = Q - QW U)
        dE = -QW^T ds,   dR = -WK dKt                    (S term -QW E; Kt = K - WK^T R)
@@ -602,21 +603,35 @@ def _kernels():
         BETA += b * T * H + h
         QT += bh * Tp * D
         KT += bh * Tp * D
-        src = t[:, None] * (H * D) + cols[None, :]
-        dst = t[:, None] * D + cols[None, :]
-        q = tl.load(Q + src, mask=valid[:, None], other=0.0).to(tl.float32)
-        k = tl.load(K + src, mask=valid[:, None], other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC)
-        if HAS_HH:
-            # operands are re-loaded (volatile) near their products: short-lived shared copies
-            m2 = valid[:, None]
+        m2 = valid[:, None]
+        si = (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :]
+        if not HAS_HH:
+            src = t[:, None] * (H * D) + cols[None, :]
+            dst = t[:, None] * D + cols[None, :]
+            q = tl.load(Q + src, mask=m2, other=0.0).to(tl.float32)
+            k = tl.load(K + src, mask=m2, other=0.0).to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+            if HAS_GATE:
+                g = tl.load(G + bh * Tp + t)
+                s += g[:, None] - g[None, :]
+            tl.store(SI + si, s)
+            tl.store(QT + dst, q.to(QT.dtype.element_ty))
+            tl.store(KT + dst, k.to(KT.dtype.element_ty))
+        else:
+            # Everything goes by column slabs of at most 64 (registers): first the sums over the
+            # head dimension, then the columns of U, R, Qt, Kt and the blocks of M, which are
+            # independent.
+            DS: tl.constexpr = 64 if D > 64 else D
+            slab = tl.arange(0, DS)
             beta = tl.load(BETA + t * H, mask=valid, other=0.0).to(tl.float32)
+            L = tl.zeros([BT, BT], dtype=tl.float32)
+            for c in tl.static_range(D // DS):
+                w = tl.load(W + t[:, None] * (H * D) + c * DS + slab[None, :], mask=m2, other=0.0).to(tl.float32)
+                L = tl.dot(w * beta[:, None], tl.trans(w), acc=L, input_precision=HPREC)
+            L = tl.where(rows[:, None] > rows[None, :], L, 0.0)
             # X = (I + L)^{-1}, L = strictly_lower(diag(beta) W W^T), by recursive doubling of the
             # inverted diagonal blocks: for a block [[A, 0], [C, B]] of I + L whose halves are
             # inverted, the inverse is [[A^-1, 0], [-B^-1 C A^-1, B^-1]].
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
-            L = tl.dot(w * beta[:, None], tl.trans(w), input_precision=HPREC)
-            L = tl.where(rows[:, None] > rows[None, :], L, 0.0)
             X = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
             for lvl in tl.static_range(7):
                 if (1 << lvl) < BT:
@@ -625,41 +640,46 @@ def _kernels():
                     Z = tl.dot(tl.where(c, L, 0.0), X, input_precision=XPREC)  # C A^-1
                     X = X - tl.dot(X, Z, input_precision=XPREC)  # B^-1 C A^-1 below A^-1
             if SAVE_X:  # for the backward
-                tl.store(XO + (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :], X)
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
-            u = tl.dot(X, w * beta[:, None], input_precision=HPREC)
-            # the block's product M = I - W^T U, dense (D x D), in row slabs of at most 64
-            DS: tl.constexpr = 64 if D > 64 else D
-            slab = tl.arange(0, DS)
-            for sl in tl.static_range(D // DS):
-                ws = tl.load(W + t[:, None] * (H * D) + sl * DS + slab[None, :],
-                             mask=m2, other=0.0, volatile=True).to(tl.float32)
-                eye = tl.where((sl * DS + slab)[:, None] == cols[None, :], 1.0, 0.0)
-                mb = eye - tl.dot(tl.trans(ws), u, input_precision=HPREC)
-                tl.store(MB + (bh * N + ib) * D * D + (sl * DS + slab)[:, None] * D + cols[None, :],
-                         mb.to(MB.dtype.element_ty))
-            # queries moved to the block start
-            q = tl.load(Q + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
-            QW = tl.where(rows[None, :] <= rows[:, None], tl.dot(q, tl.trans(w), input_precision=PREC), 0.0)
-            q = q - tl.dot(QW, u, input_precision=PREC)
-            # intra-block logits
-            k = tl.load(K + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
-            WK = tl.where(rows[:, None] > rows[None, :], tl.dot(w, tl.trans(k), input_precision=PREC), 0.0)
-            E = tl.dot(X, WK * beta[:, None], input_precision=PREC)
-            s = s - tl.dot(QW, E, input_precision=PREC)
-            # keys moved to the block end
-            w = tl.load(W + src, mask=m2, other=0.0, volatile=True).to(tl.float32)
-            R = tl.dot(tl.trans(X), w, input_precision=HPREC) * beta[:, None]
-            k = k - tl.dot(tl.trans(WK), R, input_precision=PREC)
-        s = s * scale
-        if HAS_GATE:
-            g = tl.load(G + bh * Tp + t)
-            s += g[:, None] - g[None, :]
-        tl.store(SI + (bh * N + ib) * BT * BT + rows[:, None] * BT + rows[None, :], s)
-        tl.store(QT + dst, q.to(QT.dtype.element_ty))
-        tl.store(KT + dst, k.to(KT.dtype.element_ty))
+                tl.store(XO + si, X)
+            s = tl.zeros([BT, BT], dtype=tl.float32)  # Q K^T
+            QW = tl.zeros([BT, BT], dtype=tl.float32)  # Q W^T
+            WK = tl.zeros([BT, BT], dtype=tl.float32)  # W K^T
+            for c in tl.static_range(D // DS):
+                src_c = t[:, None] * (H * D) + c * DS + slab[None, :]
+                q = tl.load(Q + src_c, mask=m2, other=0.0).to(tl.float32)
+                k = tl.load(K + src_c, mask=m2, other=0.0).to(tl.float32)
+                w = tl.load(W + src_c, mask=m2, other=0.0).to(tl.float32)
+                s = tl.dot(q, tl.trans(k), acc=s, input_precision=PREC)
+                QW = tl.dot(q, tl.trans(w), acc=QW, input_precision=PREC)
+                WK = tl.dot(w, tl.trans(k), acc=WK, input_precision=PREC)
+            QW = tl.where(rows[None, :] <= rows[:, None], QW, 0.0)
+            WK = tl.where(rows[:, None] > rows[None, :], WK, 0.0)
+            # intra-block logits: S = Q K^T - QW E, E = X diag(beta) WK
+            s = s - tl.dot(QW, tl.dot(X, WK * beta[:, None], input_precision=PREC), input_precision=PREC)
+            s = s * scale
+            if HAS_GATE:
+                g = tl.load(G + bh * Tp + t)
+                s += g[:, None] - g[None, :]
+            tl.store(SI + si, s)
+            # per column slab: U = X diag(beta) W, R = diag(beta) X^T W, the queries moved to the
+            # block start Qt = Q - QW U, the keys moved to its end Kt = K - WK^T R, and the
+            # column slab of the block's product M = I - W^T U, in row slabs
+            for c in tl.static_range(D // DS):
+                src_c = t[:, None] * (H * D) + c * DS + slab[None, :]
+                dst_c = t[:, None] * D + c * DS + slab[None, :]
+                w = tl.load(W + src_c, mask=m2, other=0.0).to(tl.float32)
+                u = tl.dot(X, w * beta[:, None], input_precision=HPREC)
+                q = tl.load(Q + src_c, mask=m2, other=0.0).to(tl.float32)
+                tl.store(QT + dst_c, (q - tl.dot(QW, u, input_precision=PREC)).to(QT.dtype.element_ty))
+                r = tl.dot(tl.trans(X), w, input_precision=HPREC) * beta[:, None]
+                k = tl.load(K + src_c, mask=m2, other=0.0).to(tl.float32)
+                tl.store(KT + dst_c, (k - tl.dot(tl.trans(WK), r, input_precision=PREC)).to(KT.dtype.element_ty))
+                for rs in tl.static_range(D // DS):
+                    ws = tl.load(W + t[:, None] * (H * D) + rs * DS + slab[None, :], mask=m2, other=0.0).to(tl.float32)
+                    eye = tl.where((rs * DS + slab)[:, None] == (c * DS + slab)[None, :], 1.0, 0.0)
+                    mb = eye - tl.dot(tl.trans(ws), u, input_precision=HPREC)
+                    tl.store(MB + (bh * N + ib) * D * D + (rs * DS + slab)[:, None] * D + c * DS + slab[None, :],
+                             mb.to(MB.dtype.element_ty))
 
     @triton.jit(do_not_specialize=["T", "H", "N"])
     def _prep_bwd_kernel(
@@ -685,7 +705,6 @@ def _kernels():
         h = bh % H
         Tp = N * BT
         rows = tl.arange(0, BT)
-        cols = tl.arange(0, D)
         t = ib * BT + rows
         valid = t < T
         m2 = valid[:, None]
@@ -706,11 +725,15 @@ def _kernels():
         XS += (bh * N + ib) * BT * BT
         DQWK += (bh * N + ib) * BT * BT
         DP += (bh * N + ib) * D * D
-        src = t[:, None] * (H * D) + cols[None, :]
-        dst = t[:, None] * D + cols[None, :]
+        # [BT, D] tiles go in column slabs of at most 64, and dM in [DS, DS] blocks (registers)
+        DS: tl.constexpr = 64 if D > 64 else D
+        NS: tl.constexpr = D // DS
+        slab = tl.arange(0, DS)
+        src = t[:, None] * (H * D) + slab[None, :]  # slab c of an input's rows: + c * DS
+        dst = t[:, None] * D + slab[None, :]  # of dQt's and dKt's
+        dpi = slab[:, None] * D + slab[None, :]  # block (r, c) of dM: + r * DS * D + c * DS
         si = rows[:, None] * BT + rows[None, :]
         si_t = rows[None, :] * BT + rows[:, None]  # the same block, transposed
-        dpi = cols[:, None] * D + cols[None, :]
         lower = rows[None, :] <= rows[:, None]  # [i, s]: s <= i
         strict = rows[None, :] < rows[:, None]  # [t, j]: j < t
         bt = t * H
@@ -721,16 +744,25 @@ def _kernels():
             if HAS_GATE:
                 tl.store(DGL + t, tl.sum(ds, 1) - tl.sum(ds, 0))
             ds = ds * scale
-            k = _load_f32(K, src, m2)
-            tl.store(DQ + src, tl.load(DQT + dst) + tl.dot(ds, k, input_precision=PREC), mask=m2)
-            q = _load_f32(Q, src, m2)
-            tl.store(DK + src, tl.load(DKT + dst) + tl.dot(tl.trans(ds), q, input_precision=PREC), mask=m2)
+            for c in tl.static_range(NS):
+                dq = tl.load(DQT + dst + c * DS)
+                tl.store(DQ + src + c * DS, tl.dot(ds, _load_f32(K, src + c * DS, m2), acc=dq, input_precision=PREC),
+                         mask=m2)
+                dk = tl.load(DKT + dst + c * DS)
+                tl.store(DK + src + c * DS, tl.dot(tl.trans(ds), _load_f32(Q, src + c * DS, m2), acc=dk,
+                                                   input_precision=PREC), mask=m2)
             if HAS_HH:
                 # E = X diag(b) WK, dE = -QW^T ds, P1 = X^T dE
-                QW = tl.where(lower, tl.dot(q, tl.trans(_load_f32(W, src, m2)), input_precision=PREC), 0.0)
+                QW = tl.zeros([BT, BT], dtype=tl.float32)
+                WK = tl.zeros([BT, BT], dtype=tl.float32)
+                for c in tl.static_range(NS):
+                    QW = tl.dot(_load_f32(Q, src + c * DS, m2), tl.trans(_load_f32(W, src + c * DS, m2)), acc=QW,
+                                input_precision=PREC)
+                    WK = tl.dot(_load_f32(W, src + c * DS, m2), tl.trans(_load_f32(K, src + c * DS, m2)), acc=WK,
+                                input_precision=PREC)
+                QW = tl.where(lower, QW, 0.0)
+                WK = tl.where(strict, WK, 0.0)
                 dE = -tl.dot(tl.trans(QW), ds, input_precision=PREC)
-                k = _load_f32(K, src, m2)
-                WK = tl.where(strict, tl.dot(_load_f32(W, src, m2), tl.trans(k), input_precision=PREC), 0.0)
                 E = tl.dot(tl.load(XS + si, volatile=True), WK * beta[:, None], input_precision=PREC)
                 tl.store(DQWK + si, -tl.dot(ds, tl.trans(E), input_precision=PREC), mask=lower)
                 P1 = tl.dot(tl.trans(tl.load(XS + si, volatile=True)), dE, input_precision=PREC)
@@ -739,48 +771,90 @@ def _kernels():
                 tl.debug_barrier()  # every thread has read its intra-block gradients
                 tl.store(DSI + si, -tl.dot(P1, tl.trans(E), input_precision=PREC))
         elif PART == 1:
-            # U = X diag(b) W, dU = -QW^T dQt - W dM, P2 = X^T dU
-            dqt = tl.load(DQT + dst)
-            QW = tl.where(lower, tl.dot(_load_f32(Q, src, m2), tl.trans(_load_f32(W, src, m2)), input_precision=PREC),
-                          0.0)
-            du = tl.dot(tl.trans(QW), dqt, input_precision=PREC)
-            du = -tl.dot(_load_f32(W, src, m2), tl.load(DP + dpi, volatile=True), acc=du, input_precision=PREC)
-            P2 = tl.dot(tl.trans(tl.load(XS + si, volatile=True)), du, input_precision=PREC)
-            w = _load_f32(W, src, m2)
-            tl.store(DBETA + bt, tl.load(DBETA + bt, mask=valid, other=0.0) + tl.sum(P2 * w, 1), mask=valid)
-            u = tl.dot(tl.load(XS + si, volatile=True), w * beta[:, None], input_precision=XPREC)
-            tl.store(DSI + si, tl.load(DSI + si) - tl.dot(P2, tl.trans(u), input_precision=PREC))
-            dw = P2 * beta[:, None] - tl.dot(u, tl.trans(tl.load(DP + dpi, volatile=True)), input_precision=PREC)
-            # dQW is complete: QW = tril(Q W^T)
-            dQW = tl.where(lower, tl.load(DQWK + si) - tl.dot(dqt, tl.trans(u), input_precision=PREC), 0.0)
-            dw = tl.dot(tl.trans(dQW), _load_f32(Q, src, m2), acc=dw, input_precision=PREC)
-            tl.store(DW + src, dw, mask=m2)
-            tl.store(DQ + src, tl.dot(dQW, _load_f32(W, src, m2), acc=tl.load(DQ + src, mask=m2, other=0.0),
-                                      input_precision=PREC), mask=m2)
+            # U = X diag(b) W, dU = -QW^T dQt - W dM, P2 = X^T dU, and dW = diag(b) P2 - U dM^T:
+            # their columns go in slabs of at most 64, and dM in blocks (registers), so no [BT, D]
+            # or [D, D] tile is held whole
+            QW = tl.zeros([BT, BT], dtype=tl.float32)
+            for c in tl.static_range(NS):
+                QW = tl.dot(_load_f32(Q, src + c * DS, m2), tl.trans(_load_f32(W, src + c * DS, m2)), acc=QW,
+                            input_precision=PREC)
+            QW = tl.where(lower, QW, 0.0)
+            dL = tl.zeros([BT, BT], dtype=tl.float32)
+            dQW = tl.zeros([BT, BT], dtype=tl.float32)
+            db = tl.zeros([BT], dtype=tl.float32)
+            for c in tl.static_range(NS):
+                dqt = tl.load(DQT + dst + c * DS)
+                du = -tl.dot(tl.trans(QW), dqt, input_precision=PREC)
+                for r in tl.static_range(NS):
+                    du -= tl.dot(_load_f32(W, src + r * DS, m2),
+                                 tl.load(DP + dpi + (r * DS * D + c * DS), volatile=True), input_precision=PREC)
+                P2 = tl.dot(tl.trans(tl.load(XS + si, volatile=True)), du, input_precision=PREC)
+                w = _load_f32(W, src + c * DS, m2)
+                db += tl.sum(P2 * w, 1)
+                u = tl.dot(tl.load(XS + si, volatile=True), w * beta[:, None], input_precision=XPREC)
+                dL = tl.dot(P2, tl.trans(u), acc=dL, input_precision=PREC)
+                dQW -= tl.dot(dqt, tl.trans(u), input_precision=PREC)
+                for r in tl.static_range(NS):  # dW's slab r: -U_c (dM's block (r, c))^T
+                    dw = -tl.dot(u, tl.trans(tl.load(DP + dpi + (r * DS * D + c * DS), volatile=True)),
+                                 input_precision=PREC)
+                    if r == c:
+                        dw += P2 * beta[:, None]
+                    if c > 0:
+                        dw += tl.load(DW + src + r * DS, mask=m2, other=0.0)
+                    tl.store(DW + src + r * DS, dw, mask=m2)
+            tl.store(DBETA + bt, tl.load(DBETA + bt, mask=valid, other=0.0) + db, mask=valid)
+            tl.store(DSI + si, tl.load(DSI + si) - dL)
+            # dQW is complete (QW = tril(Q W^T)): dW += dQW^T Q, dQ += dQW W
+            dQW = tl.where(lower, tl.load(DQWK + si) + dQW, 0.0)
+            tl.debug_barrier()  # dW is read back by other threads
+            for c in tl.static_range(NS):
+                dw = tl.load(DW + src + c * DS, mask=m2, other=0.0)
+                tl.store(DW + src + c * DS, tl.dot(tl.trans(dQW), _load_f32(Q, src + c * DS, m2), acc=dw,
+                                                   input_precision=PREC), mask=m2)
+                dq = tl.load(DQ + src + c * DS, mask=m2, other=0.0)
+                tl.store(DQ + src + c * DS, tl.dot(dQW, _load_f32(W, src + c * DS, m2), acc=dq, input_precision=PREC),
+                         mask=m2)
         else:
-            # R = diag(b) M2 with M2 = X^T W, dR = -WK dKt, P3 = X diag(b) dR
-            dkt = tl.load(DKT + dst)
-            WK = tl.where(strict, tl.dot(_load_f32(W, src, m2), tl.trans(_load_f32(K, src, m2)), input_precision=PREC),
-                          0.0)
-            dR = -tl.dot(WK, dkt, input_precision=PREC)
-            P3 = tl.dot(tl.load(XS + si, volatile=True), dR * beta[:, None], input_precision=PREC)
-            M2 = tl.dot(tl.trans(tl.load(XS + si, volatile=True)), _load_f32(W, src, m2), input_precision=XPREC)
-            db = tl.sum(dR * M2, 1)
+            # R = diag(b) M2 with M2 = X^T W, dR = -WK dKt, P3 = X diag(b) dR: column slabs, as in
+            # part 1
+            WK = tl.zeros([BT, BT], dtype=tl.float32)
+            for c in tl.static_range(NS):
+                WK = tl.dot(_load_f32(W, src + c * DS, m2), tl.trans(_load_f32(K, src + c * DS, m2)), acc=WK,
+                            input_precision=PREC)
+            WK = tl.where(strict, WK, 0.0)
+            dL = tl.zeros([BT, BT], dtype=tl.float32)
+            dWK = tl.zeros([BT, BT], dtype=tl.float32)
+            db = tl.zeros([BT], dtype=tl.float32)
+            for c in tl.static_range(NS):
+                dkt = tl.load(DKT + dst + c * DS)
+                dR = -tl.dot(WK, dkt, input_precision=PREC)
+                P3 = tl.dot(tl.load(XS + si, volatile=True), dR * beta[:, None], input_precision=PREC)
+                M2 = tl.dot(tl.trans(tl.load(XS + si, volatile=True)), _load_f32(W, src + c * DS, m2),
+                            input_precision=XPREC)
+                db += tl.sum(dR * M2, 1)
+                dL -= tl.dot(M2, tl.trans(P3), input_precision=PREC)
+                dWK -= tl.dot(M2 * beta[:, None], tl.trans(dkt), input_precision=PREC)
+                tl.store(DW + src + c * DS, tl.load(DW + src + c * DS, mask=m2, other=0.0) + P3, mask=m2)
             # dL and dWK are complete: L = strictly_lower(diag(b) W W^T), WK = strictly_lower(W K^T)
-            dL = tl.where(strict, tl.load(DSI + si) - tl.dot(M2, tl.trans(P3), input_precision=PREC), 0.0)
-            dWK = tl.load(DQWK + si_t) - tl.dot(M2 * beta[:, None], tl.trans(dkt), input_precision=PREC)
-            dWK = tl.where(strict, dWK, 0.0)
-            dw = tl.load(DW + src, mask=m2, other=0.0) + P3
-            w = _load_f32(W, src, m2)
-            db += tl.sum(dL * tl.dot(w, tl.trans(w), input_precision=PREC), 1)
+            dL = tl.where(strict, tl.load(DSI + si) + dL, 0.0)
+            dWK = tl.where(strict, tl.load(DQWK + si_t) + dWK, 0.0)
+            WW = tl.zeros([BT, BT], dtype=tl.float32)
+            for c in tl.static_range(NS):
+                WW = tl.dot(_load_f32(W, src + c * DS, m2), tl.trans(_load_f32(W, src + c * DS, m2)), acc=WW,
+                            input_precision=PREC)
+            db += tl.sum(dL * WW, 1)
             tl.store(DBETA + bt, tl.load(DBETA + bt, mask=valid, other=0.0) + db, mask=valid)
             dLb = dL * beta[:, None]
-            dw = tl.dot(dLb, w, acc=dw, input_precision=PREC)
-            dw = tl.dot(tl.trans(dLb), _load_f32(W, src, m2), acc=dw, input_precision=PREC)
-            dw = tl.dot(dWK, _load_f32(K, src, m2), acc=dw, input_precision=PREC)
-            tl.store(DW + src, dw, mask=m2)
-            tl.store(DK + src, tl.dot(tl.trans(dWK), _load_f32(W, src, m2), acc=tl.load(DK + src, mask=m2, other=0.0),
-                                      input_precision=PREC), mask=m2)
+            tl.debug_barrier()  # dW is read back by other threads
+            for c in tl.static_range(NS):
+                dw = tl.load(DW + src + c * DS, mask=m2, other=0.0)
+                dw = tl.dot(dLb, _load_f32(W, src + c * DS, m2), acc=dw, input_precision=PREC)
+                dw = tl.dot(tl.trans(dLb), _load_f32(W, src + c * DS, m2), acc=dw, input_precision=PREC)
+                dw = tl.dot(dWK, _load_f32(K, src + c * DS, m2), acc=dw, input_precision=PREC)
+                tl.store(DW + src + c * DS, dw, mask=m2)
+                dk = tl.load(DK + src + c * DS, mask=m2, other=0.0)
+                tl.store(DK + src + c * DS, tl.dot(tl.trans(dWK), _load_f32(W, src + c * DS, m2), acc=dk,
+                                                   input_precision=PREC), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "C"])
     def _edges_fwd_kernel(
@@ -961,8 +1035,11 @@ _FLOAT32_CONFIGS = {("bwd", 128): [(32, 4, 1), (16, 4, 1)]}
 # kernel on the H200 (results/kernel/launch.log); the within-chunk backward at D = 128 fits
 # only one stage. The preprocessing backward, since it runs in three parts, takes (4, 1): 3.83 ms
 # against 3.96 with (8, 1) at D = 128, and 2.28 against 2.29 with (4, 2) at D = 64, for 16K tokens
-# of 16 and 32 heads (results/kernel/variants.log). The queries-first scan at D = 128, which takes
-# query blocks in pairs there, fits only one stage. Kernels that take query blocks in pairs
+# of 16 and 32 heads (results/kernel/variants.log); in column slabs still (4, 1): 2.70 ms against
+# 3.71 with (8, 1) at D = 128, 2.44 against 3.54 at D = 64 (variants_prep2.log). The
+# preprocessing forward, in column slabs, takes (4, 1) at D = 128: 0.65 ms against 1.07 with
+# (8, 1). The queries-first scan at D = 128, which takes query blocks in pairs there, fits only
+# one stage. Kernels that take query blocks in pairs
 # (QUERY_PAIRS) were timed again with them (variants_within.log, variants_fwd_pairs.log): the
 # within-chunk scan at D = 64 with (8, 2), 2.84 ms against 3.32 with (8, 1) and 4.04 with (4, 2),
 # for 16K tokens of 32 heads; the forward at D = 128 with (8, 2), 3.48 ms against 3.82 with
@@ -970,7 +1047,7 @@ _FLOAT32_CONFIGS = {("bwd", 128): [(32, 4, 1), (16, 4, 1)]}
 _KERNEL_LAUNCH_64 = {
     64: {"prep_fwd": (4, 2), "fwd": (4, 2), "edges_fwd": (4, 2), "within": (8, 2),
          "cross_q": (4, 3), "cross_kv": (4, 3), "edges_bwd": (4, 2), "prep_bwd": (4, 1)},
-    128: {"prep_fwd": (8, 1), "fwd": (8, 2), "edges_fwd": (4, 2), "within": (8, 1),
+    128: {"prep_fwd": (4, 1), "fwd": (8, 2), "edges_fwd": (4, 2), "within": (8, 1),
           "cross_q": (8, 1), "cross_kv": (4, 2), "edges_bwd": (8, 1), "prep_bwd": (4, 1)},
 }
 _BLOCK_LOCAL = ("prep_fwd", "prep_bwd", "edges_fwd", "edges_bwd")
