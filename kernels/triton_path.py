@@ -113,7 +113,7 @@ _KERNELS = None
 def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
     # the helpers are module globals: kernels look names up there
-    global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _query_tile, _load_f32
+    global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _query_tile, _load_f32, _dot_rows
     if _KERNELS is not None:
         return _KERNELS
 
@@ -185,6 +185,16 @@ def _kernels():
         """A [BT, D] tile of a [B, T, H, D] input in float32, loaded again where it is used
         (volatile: not merged with earlier loads) so that it is not kept live in between."""
         return tl.load(ptr + offs, mask=mask, other=0.0, volatile=True).to(tl.float32)
+
+    @triton.jit
+    def _dot_rows(A, B, offs, mask, BT: tl.constexpr, DS: tl.constexpr, NS: tl.constexpr, PREC: tl.constexpr):
+        """A B^T in float32 for two [BT, D] tiles of [B, T, H, D] inputs, from their NS column
+        slabs of DS (slab c at offs + c * DS)."""
+        acc = tl.zeros([BT, BT], dtype=tl.float32)
+        for c in tl.static_range(NS):
+            acc = tl.dot(_load_f32(A, offs + c * DS, mask), tl.trans(_load_f32(B, offs + c * DS, mask)), acc=acc,
+                         input_precision=PREC)
+        return acc
 
     @triton.jit
     def _logits(r, kt, gq, gk, scale, HAS_GATE: tl.constexpr, PREC: tl.constexpr):
@@ -774,11 +784,7 @@ def _kernels():
             # U = X diag(b) W, dU = -QW^T dQt - W dM, P2 = X^T dU, and dW = diag(b) P2 - U dM^T:
             # their columns go in slabs of at most 64, and dM in blocks (registers), so no [BT, D]
             # or [D, D] tile is held whole
-            QW = tl.zeros([BT, BT], dtype=tl.float32)
-            for c in tl.static_range(NS):
-                QW = tl.dot(_load_f32(Q, src + c * DS, m2), tl.trans(_load_f32(W, src + c * DS, m2)), acc=QW,
-                            input_precision=PREC)
-            QW = tl.where(lower, QW, 0.0)
+            QW = tl.where(lower, _dot_rows(Q, W, src, m2, BT, DS, NS, PREC), 0.0)
             dL = tl.zeros([BT, BT], dtype=tl.float32)
             dQW = tl.zeros([BT, BT], dtype=tl.float32)
             db = tl.zeros([BT], dtype=tl.float32)
@@ -817,11 +823,7 @@ def _kernels():
         else:
             # R = diag(b) M2 with M2 = X^T W, dR = -WK dKt, P3 = X diag(b) dR: column slabs, as in
             # part 1
-            WK = tl.zeros([BT, BT], dtype=tl.float32)
-            for c in tl.static_range(NS):
-                WK = tl.dot(_load_f32(W, src + c * DS, m2), tl.trans(_load_f32(K, src + c * DS, m2)), acc=WK,
-                            input_precision=PREC)
-            WK = tl.where(strict, WK, 0.0)
+            WK = tl.where(strict, _dot_rows(W, K, src, m2, BT, DS, NS, PREC), 0.0)
             dL = tl.zeros([BT, BT], dtype=tl.float32)
             dWK = tl.zeros([BT, BT], dtype=tl.float32)
             db = tl.zeros([BT], dtype=tl.float32)
@@ -838,11 +840,7 @@ def _kernels():
             # dL and dWK are complete: L = strictly_lower(diag(b) W W^T), WK = strictly_lower(W K^T)
             dL = tl.where(strict, tl.load(DSI + si) + dL, 0.0)
             dWK = tl.where(strict, tl.load(DQWK + si_t) + dWK, 0.0)
-            WW = tl.zeros([BT, BT], dtype=tl.float32)
-            for c in tl.static_range(NS):
-                WW = tl.dot(_load_f32(W, src + c * DS, m2), tl.trans(_load_f32(W, src + c * DS, m2)), acc=WW,
-                            input_precision=PREC)
-            db += tl.sum(dL * WW, 1)
+            db += tl.sum(dL * _dot_rows(W, W, src, m2, BT, DS, NS, PREC), 1)
             tl.store(DBETA + bt, tl.load(DBETA + bt, mask=valid, other=0.0) + db, mask=valid)
             dLb = dL * beta[:, None]
             tl.debug_barrier()  # dW is read back by other threads
