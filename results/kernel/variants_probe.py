@@ -7,8 +7,8 @@ Run on a GPU from the repository root, one FILE:SETTING per version:
 SETTING is "default"; or "num_warps,num_stages" for the preprocessing backward; or items joined
 by "/", each "kernel=num_warps,num_stages" (at both head sizes) or "kernel@D=num_warps,num_stages"
 (at head size D) for a kernel of _KERNEL_LAUNCH_64, or "NAME=value" for one of the module's
-integer settings (ONE_CHUNK_TOKENS, FWD_ONE_CHUNK_TOKENS, CHUNK_TOKENS, LONG_TOKENS, LONG_CHUNK_TOKENS) or head-size
-lists ("HALF_ADJOINT_HEAD_DIMS=64+128", "QUERY_PAIRS.within=none"). A SHAPES environment
+integer settings (ONE_CHUNK_TOKENS, FWD_ONE_CHUNK_TOKENS, CHUNK_TOKENS, LONG_TOKENS,
+LONG_CHUNK_TOKENS) or head-size lists ("HALF_ADJOINT_HEAD_DIMS=64+128", "QUERY_PAIRS.within=none"). A SHAPES environment
 variable ("D,T,H,B;D,T,H,B") replaces the default shapes.
 """
 import importlib.util
