@@ -396,10 +396,8 @@ def _kernels():
                     r = tl.load(rs_j + rows[:, None] * D + cols[None, :]).to(tl.float32)
                 kt = tl.load(KT + tile_j)
                 rb = r.to(DT)
-                s = tl.dot(rb, tl.trans(kt), input_precision=PREC) * scale
-                if HAS_GATE:
-                    s += gq[:, None] - tl.load(G + offs_j)[None, :]
-                p = tl.exp(s - lse[:, None])
+                gk = tl.load(G + offs_j) if HAS_GATE else gq
+                p = tl.exp(_logits(rb, kt, gq, gk, scale, HAS_GATE, PREC) - lse[:, None])
                 if QB > 1:
                     p = tl.where(rows[:, None] >= (jb + 1 - ib) * BT, p, 0.0)
                     if jb == ib:
@@ -494,10 +492,8 @@ def _kernels():
                     offs_j = jb * BT + krows
                     tile_j = offs_j[:, None] * D + cols[None, :]
                     kc = tl.load(KC + tile_j)
-                    s = tl.dot(r.to(DT), tl.trans(kc), input_precision=PREC) * scale
-                    if HAS_GATE:
-                        s += gq[:, None] - tl.load(G + offs_j)[None, :]
-                    p = tl.exp(s - lse[:, None])
+                    gk = tl.load(G + offs_j) if HAS_GATE else gq
+                    p = tl.exp(_logits(r, kc, gq, gk, scale, HAS_GATE, PREC) - lse[:, None])
                     dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
                     ds = p * (dp - delta[:, None])
                     dr = tl.dot((ds * scale).to(DT), kc, acc=dr, input_precision=PREC)
@@ -573,10 +569,8 @@ def _kernels():
                     offs_i = ib * BT + rows
                     tile_i = offs_i[:, None] * D + cols[None, :]
                     qs = tl.load(QS + tile_i)
-                    s = tl.dot(qs, tl.trans(kf), input_precision=PREC) * scale
-                    if HAS_GATE:
-                        s += tl.load(G + offs_i)[:, None] - gk[None, :]
-                    p = tl.exp(s - tl.load(LSE + offs_i)[:, None])
+                    gq = tl.load(G + offs_i) if HAS_GATE else gk
+                    p = tl.exp(_logits(qs, kf, gq, gk, scale, HAS_GATE, PREC) - tl.load(LSE + offs_i)[:, None])
                     do = tl.load(DO + tile_i)
                     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
                     ds = p * (dp - tl.load(DELTA + offs_i)[:, None])
