@@ -56,7 +56,8 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
    c. Across chunks, keys first (_bwd_cross_kv_kernel): a program per key block J carries its
       keys forward a chunk at a time, kf_{c+1} = kf_c Mc_c^T from kf = Kc_J (logits
       scale Qs_I kf^T for query blocks I in chunk c), then walks the query blocks last to first
-      with the adjoint dkf <- dkf Mc_c at each chunk: dV_J and dKc_J stay in registers.
+      with the adjoint dkf <- dkf Mc_c at each chunk: dV_J and dKc_J stay in registers. It forms
+      P and dS transposed (keys by queries), as its products P^T dO and dS^T Qs take them.
    d. The chunk edges' backward (_edges_bwd_kernel, one program per chunk): dQs, dKc and dMc
       go back into dQt, dKt and dM through the adjoints of P_b and S_b, from the P_b and S_b
       that the backward's chunk edges stored; the queries' side right after scan b, the keys'
@@ -570,14 +571,16 @@ def _kernels():
                     tile_i = offs_i[:, None] * D + cols[None, :]
                     qs = tl.load(QS + tile_i)
                     gq = tl.load(G + offs_i) if HAS_GATE else gk
-                    p = tl.exp(_logits(qs, kf, gq, gk, scale, HAS_GATE, PREC) - tl.load(LSE + offs_i)[:, None])
+                    # P and dS transposed (keys by queries), as the products with dO and qs take
+                    # them: no transpose of a register tile (the gates' signs turn with it)
+                    pt = tl.exp(_logits(kf, qs, -gk, -gq, scale, HAS_GATE, PREC) - tl.load(LSE + offs_i)[None, :])
                     do = tl.load(DO + tile_i)
-                    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-                    ds = p * (dp - tl.load(DELTA + offs_i)[:, None])
-                    dv = tl.dot(tl.trans(p.to(DT)), do, acc=dv, input_precision=PREC)
-                    dkf = tl.dot(tl.trans((ds * scale).to(DT)), qs, acc=dkf, input_precision=PREC)
+                    dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
+                    dst = pt * (dpt - tl.load(DELTA + offs_i)[None, :])
+                    dv = tl.dot(pt.to(DT), do, acc=dv, input_precision=PREC)
+                    dkf = tl.dot((dst * scale).to(DT), qs, acc=dkf, input_precision=PREC)
                     if HAS_GATE:
-                        dg_col -= tl.sum(ds, 0)
+                        dg_col -= tl.sum(dst, 1)
             tl.store(DKC + tile_j, dkf)
             tl.store(DV + tile_j, tl.load(DV + tile_j) + dv)
             if HAS_GATE:
