@@ -691,7 +691,7 @@ def _kernels():
     @triton.jit(do_not_specialize=["T", "H", "N"])
     def _prep_bwd_kernel(
         Q, K, W, BETA, DQT, DKT, DSI, DP, XS, DQWK,
-        DQ, DK, DW, DBETA, DGL,
+        DQ, DK, DQO, DKO, DW, DBETA, DGL,
         T, H, N, scale,
         D: tl.constexpr, BT: tl.constexpr, PART: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, XPREC: tl.constexpr,
@@ -702,7 +702,8 @@ def _kernels():
         # that span parts stay in memory, in rows this program alone owns: dQ, dK, dW, dbeta,
         # dQW and dWK (their scratch), and dL, which overwrites the intra-block logits' gradient
         # once part 0 has read it. dQW (lower triangle with the diagonal) and dWK (strictly lower)
-        # share one scratch block, dWK transposed into its upper triangle.
+        # share one scratch block, dWK transposed into its upper triangle. dQ and dK are summed
+        # in float32 (DQ, DK) and written complete in q's dtype (DQO, DKO; they may be DQ, DK).
         #   part 0: dQ = dQt + ds K, dK = dKt + ds^T Q; P1 = X^T dE: dbeta, dWK, dQW, dL
         #   part 1: P2 = X^T dU: dW, dbeta, dL; dQW complete: dQ, dW
         #   part 2: P3 = X diag(b) dR: dW, dbeta; dL and dWK complete: dK, dW, dbeta
@@ -722,6 +723,8 @@ def _kernels():
         W += b * T * H * D + h * D
         DQ += b * T * H * D + h * D
         DK += b * T * H * D + h * D
+        DQO += b * T * H * D + h * D
+        DKO += b * T * H * D + h * D
         DW += b * T * H * D + h * D
         BETA += b * T * H + h
         DBETA += b * T * H + h
@@ -751,13 +754,16 @@ def _kernels():
             if HAS_GATE:
                 tl.store(DGL + t, tl.sum(ds, 1) - tl.sum(ds, 0))
             ds = ds * scale
+            # without w, dQ and dK are complete here
+            dq_at = DQ if HAS_HH else DQO
+            dk_at = DK if HAS_HH else DKO
             for c in tl.static_range(NS):
                 dq = tl.load(DQT + dst + c * DS)
-                tl.store(DQ + src + c * DS, tl.dot(ds, _load_f32(K, src + c * DS, m2), acc=dq, input_precision=PREC),
+                tl.store(dq_at + src + c * DS, tl.dot(ds, _load_f32(K, src + c * DS, m2), acc=dq, input_precision=PREC),
                          mask=m2)
                 dk = tl.load(DKT + dst + c * DS)
-                tl.store(DK + src + c * DS, tl.dot(tl.trans(ds), _load_f32(Q, src + c * DS, m2), acc=dk,
-                                                   input_precision=PREC), mask=m2)
+                tl.store(dk_at + src + c * DS, tl.dot(tl.trans(ds), _load_f32(Q, src + c * DS, m2), acc=dk,
+                                                      input_precision=PREC), mask=m2)
             if HAS_HH:
                 # E = X diag(b) WK, dE = -QW^T ds, P1 = X^T dE
                 QW = tl.zeros([BT, BT], dtype=tl.float32)
@@ -815,7 +821,7 @@ def _kernels():
                 tl.store(DW + src + c * DS, tl.dot(tl.trans(dQW), _load_f32(Q, src + c * DS, m2), acc=dw,
                                                    input_precision=PREC), mask=m2)
                 dq = tl.load(DQ + src + c * DS, mask=m2, other=0.0)
-                tl.store(DQ + src + c * DS, tl.dot(dQW, _load_f32(W, src + c * DS, m2), acc=dq, input_precision=PREC),
+                tl.store(DQO + src + c * DS, tl.dot(dQW, _load_f32(W, src + c * DS, m2), acc=dq, input_precision=PREC),
                          mask=m2)
         else:
             # R = diag(b) M2 with M2 = X^T W, dR = -WK dKt, P3 = X diag(b) dR: column slabs, as in
@@ -848,8 +854,8 @@ def _kernels():
                 dw = tl.dot(dWK, _load_f32(K, src + c * DS, m2), acc=dw, input_precision=PREC)
                 tl.store(DW + src + c * DS, dw, mask=m2)
                 dk = tl.load(DK + src + c * DS, mask=m2, other=0.0)
-                tl.store(DK + src + c * DS, tl.dot(tl.trans(dWK), _load_f32(W, src + c * DS, m2), acc=dk,
-                                                   input_precision=PREC), mask=m2)
+                tl.store(DKO + src + c * DS, tl.dot(tl.trans(dWK), _load_f32(W, src + c * DS, m2), acc=dk,
+                                                    input_precision=PREC), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "C"])
     def _edges_fwd_kernel(
@@ -1384,7 +1390,8 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
 
 
 def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
-    """Gradients (dq, dk, dv, dw, dbeta, dlog_fgate) in float32 (None where an input is None).
+    """Gradients (dq, dk, dv, dw, dbeta, dlog_fgate): dq, dk and dv in q's dtype, the rest in
+    float32 (None where an input is None).
     kept: the forward's block-local results, used when its blocks were the backward's."""
     B, T, H, D = q.shape
     dev = q.device
@@ -1496,32 +1503,43 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
                 dKt += dKc
             del dKc, Qs, Kc, Mc
 
-        # 3. the block-local algebra
+        # 3. the block-local algebra; dv's float32 sums go first, as dv in v's dtype
         del V, dO, delta, lse
-        dv = dV[:, :, :T].transpose(1, 2)
+        dv = dV[:, :, :T].transpose(1, 2).to(v.dtype)
+        del dV
         dq = torch.empty(B, T, H, D, **f32)
         dk = torch.empty(B, T, H, D, **f32)
         dw = torch.empty(B, T, H, D, **f32) if has_hh else dummy
         dbeta = torch.empty(B, T, H, **f32) if has_hh else dummy
         dGl = torch.empty(B, H, Tp, **f32) if has_gate else dummy
-        # three parts (see _prep_bwd_kernel), in order; without w only part 0 has work
+        # three parts (see _prep_bwd_kernel), in order; without w only part 0 has work. dq and dk
+        # sum in float32, and the part that completes each writes it in the kernels' q dtype: its
+        # buffer comes just before that part, and dQt and dq's sums go right after it
         dQWK = torch.empty(B, H, N, BT, BT, **f32) if has_hh else dummy  # partial sums between parts
+        done_q, done_k = (1, 2) if has_hh else (0, 0)
+        dq_out = dk_out = dummy
         for part in range(3 if has_hh else 1):
+            if part == done_q:
+                dq_out = dq if qk.dtype == torch.float32 else torch.empty_like(dq, dtype=qk.dtype)
+            if part == done_k:
+                dk_out = dk if qk.dtype == torch.float32 else torch.empty_like(dk, dtype=qk.dtype)
             _kernels()[3][(N, B * H)](
                 qk, kk, wk if has_hh else dummy, bk if has_hh else dummy,
                 dQt, dKt, dSI, dM if has_hh else dummy, XB if has_hh else dummy, dQWK,
-                dq, dk, dw, dbeta, dGl,
+                dq, dk, dq_out, dk_out, dw, dbeta, dGl,
                 T, H, N, float(scale),
                 D=D, BT=BT, PART=part, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, XPREC=_xprec(q.dtype, dev),
                 **opts("prep_bwd"),
             )
+            if part == done_q:
+                dQt = dq = dummy
         dlf = None
         if has_gate:
             dG = (dGrow + dGcol + dGl)[:, :, :T]  # dL/dG, G = cumsum(log_fgate)
             dlf = dG.flip(-1).cumsum(-1).flip(-1).transpose(1, 2)
         if not has_hh:
             dw = dbeta = None
-        return dq, dk, dv, dw, dbeta, dlf
+        return dq_out.to(q.dtype), dk_out.to(q.dtype), dv, dw, dbeta, dlf
 
     return _with_fallback("bwd", _spec_key("bwd", q, has_hh, has_gate), D, dev, launch)
 
@@ -1648,8 +1666,9 @@ def _backward_op(q, k, v, w, beta, log_fgate, O, LSE, grad_out, scale):
 
 @_backward_op.register_fake
 def _backward_op_fake(q, k, v, w, beta, log_fgate, O, LSE, grad_out, scale):
-    return [q.new_empty(0, dtype=torch.float32) if x is None else x.new_empty(x.shape, dtype=torch.float32)
-            for x in (q, k, v, w, beta, log_fgate)]
+    return [x.new_empty(x.shape) for x in (q, k, v)] + [
+        q.new_empty(0, dtype=torch.float32) if x is None else x.new_empty(x.shape, dtype=torch.float32)
+        for x in (w, beta, log_fgate)]
 
 
 def _forward_op_setup(ctx, inputs, output):
