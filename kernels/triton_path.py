@@ -766,15 +766,8 @@ def _kernels():
                                                       input_precision=PREC), mask=m2)
             if HAS_HH:
                 # E = X diag(b) WK, dE = -QW^T ds, P1 = X^T dE
-                QW = tl.zeros([BT, BT], dtype=tl.float32)
-                WK = tl.zeros([BT, BT], dtype=tl.float32)
-                for c in tl.static_range(NS):
-                    QW = tl.dot(_load_f32(Q, src + c * DS, m2), tl.trans(_load_f32(W, src + c * DS, m2)), acc=QW,
-                                input_precision=PREC)
-                    WK = tl.dot(_load_f32(W, src + c * DS, m2), tl.trans(_load_f32(K, src + c * DS, m2)), acc=WK,
-                                input_precision=PREC)
-                QW = tl.where(lower, QW, 0.0)
-                WK = tl.where(strict, WK, 0.0)
+                QW = tl.where(lower, _dot_rows(Q, W, src, m2, BT, DS, NS, PREC), 0.0)
+                WK = tl.where(strict, _dot_rows(W, K, src, m2, BT, DS, NS, PREC), 0.0)
                 dE = -tl.dot(tl.trans(QW), ds, input_precision=PREC)
                 E = tl.dot(tl.load(XS + si, volatile=True), WK * beta[:, None], input_precision=PREC)
                 tl.store(DQWK + si, -tl.dot(ds, tl.trans(E), input_precision=PREC), mask=lower)
