@@ -225,11 +225,11 @@ def test_backward_reuses_the_forward_block_algebra(monkeypatch, keep, calls):
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU configurations")
-@pytest.mark.parametrize("D", [32, 64, 128])
+@pytest.mark.parametrize("D", [16, 32, 64, 128])
 def test_every_gpu_configuration(monkeypatch, D):
     """Each configuration the kernels may run under (the first, and the fallbacks for lack of
-    shared memory), forced, in bfloat16 against float64; over several chunks (512 tokens each)
-    where chunks are used (blocks of 64 tokens, D = 64 and 128)."""
+    shared memory), forced, in bfloat16 against float64; over several chunks where chunks are
+    used (blocks of 64 tokens)."""
     import pathbench.kernels.triton_path as tp
 
     monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
@@ -386,6 +386,18 @@ def test_dispatch_through_path_attention():
     args = make_inputs(1, 37, 2, 32)
     out = path_attention(*args, backend="triton")
     assert rel(out, path_attention_triton(*args)) == 0.0
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU only")
+@pytest.mark.parametrize("D", [16, 32, 64, 128])
+def test_float16_on_gpu(monkeypatch, D):
+    """float16 q/k/v against float64 over 1100 tokens, with gate: in chunks of 512 tokens where
+    the head size takes chunks, else in one."""
+    import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
+    monkeypatch.setattr(tp, "FWD_ONE_CHUNK_TOKENS", 0)
+    check_against_reference(make_inputs(2, 1100, 2, D, True, True, dtype=torch.float16), fwd_tol=2e-2, grad_tol=5e-2)
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU chunk sizes")
