@@ -40,7 +40,8 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
    as one tile.
 4. Backward, in three scans. Write dS = P o (dO V^T - delta) for a pair's logit gradient, with
    delta = rowsum(dO o O), which the first scan computes (and stores for the other two).
-   a. Within chunks (_bwd_within_kernel, one program per chunk, which owns the chunk's sums):
+   a. Within chunks (_bwd_within_kernel, one program per chunk, or, when one chunk spans the
+      sequence, NG programs that share its query blocks, each with its own sums):
       for each query block I, replay r_{I,J} = Qt_I M_{I-1} ... M_{J+1} for the chunk's J < I
       (stored in a scratch), then walk J ascending with the adjoint dr (the gradient of the
       loss with respect to the queries after crossing block J, from key blocks < J):
@@ -62,8 +63,8 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
       go back into dQt, dKt and dM through the adjoints of P_b and S_b, from the P_b and S_b
       that the backward's chunk edges stored; the queries' side right after scan b, the keys'
       side after scan c, so that each side's buffers are freed before the next are allocated.
-   Partial sums that several programs make (dMc; dV, dKt, dM within a chunk are owned by its
-   program) live in buffers per program and are summed in torch in a fixed order: gradients
+   Partial sums that several programs make (dMc; dV, dKt, dM within a chunk when it has NG
+   programs) live in buffers per program and are summed in torch in a fixed order: gradients
    are bitwise reproducible, without atomics.
 5. Preprocessing backward (_prep_bwd_kernel, one program per block, in three launches that each
    take one of the products with X below; [BT, D] tiles in column slabs of at most 64), from
@@ -84,7 +85,8 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
    then dlog_fgate = reverse cumsum of dG.
 
 Memory beyond the inputs: O(T (BT + D) + (T / BT) D^2) per head, plus O(NG (T / (C BT)) D^2)
-for the programs of the cross-chunk scans (NG <= MAX_GROUPS); nothing O(T^2).
+for the programs of the cross-chunk scans, or O(NG (T D + (T / BT) D^2)) for those of one
+chunk's scan (NG <= MAX_GROUPS); nothing O(T^2).
 """
 
 from __future__ import annotations
