@@ -992,14 +992,13 @@ QUERY_PAIRS = {"fwd": (128,), "within": (64, 128), "cross_q": (128,)}
 # scan take pairs: 144 KB of shared memory against 272 KB (sm_90, triton 3.9), more than an
 # H200 has. At D = 64 it made the queries-first scan slower, 5.07 ms against 4.32 at 16384 tokens.
 HALF_ADJOINT_HEAD_DIMS = (128,)
-# Head sizes whose chunked path passed the GPU tests in 16-bit. At D = 32, in chunks on the
-# H200, the keys-first scan gave wrong gradients or an illegal memory access with 16-bit inputs
-# under its launch setting (4 warps, one stage), not with 8 warps or two stages. With 8 warps
-# there, bfloat16 passed the GPU tests at D = 16 and 32, but float16 did not: its queries'
-# gradients were 4e-2 to 0.6 off at D = 32 under every setting tried (or NaN), and up to 5e-2 at
-# D = 16. float32 in chunks at D = 32, and the interpreter, are exact (results/kernel/d32.log,
-# chunk16.log).
-# Smaller heads run as one chunk.
+# Head sizes whose chunked path passed the GPU tests in 16-bit; smaller heads run as one chunk.
+# At D = 32, in chunks on the H200, the keys-first scan gave wrong gradients or an illegal
+# memory access with 16-bit inputs under its launch setting (4 warps, one stage), not with 8
+# warps or two stages. With 8 warps there, bfloat16 passed the GPU tests at D = 16 and 32, but
+# float16 did not: the gradients of q, w, beta and the gate were 4e-2 to 0.6 off at D = 32 under
+# every setting tried (or NaN), and up to 5e-2 at D = 16. float32 in chunks at D = 32, and the
+# interpreter, are exact (results/kernel/d32.log, chunk16.log).
 CHUNKED_HEAD_DIMS = (64, 128)
 # Block sizes that use chunks. Smaller blocks (the fallback configurations, and float32's
 # backward at D = 128) run as one chunk: with them triton 3.6 fails to compile _edges_fwd_kernel
