@@ -1391,7 +1391,8 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
 def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
     """Gradients (dq, dk, dv, dw, dbeta, dlog_fgate): dq, dk and dv in q's dtype, the rest in
     float32 (None where an input is None).
-    kept: the forward's block-local results, used when its blocks were the backward's."""
+    kept: the forward's block-local results, used when its blocks were the backward's; their
+    intra-block logits are overwritten with their gradient."""
     B, T, H, D = q.shape
     dev = q.device
     sd = _storage_dtype(q)
@@ -1400,6 +1401,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
     prec = _prec(q.dtype, dev)
     if not (O.stride(0) == H * O.stride(1) and O.stride(2) == D and O.stride(3) == 1):
         O = O.contiguous()  # the within-chunk scan reads O's rows in place, heads O.stride(1) apart
+    # the kept results serve one attempt at most: the within-chunk scan overwrites their logits
+    unused = [kept] if kept is not None else []
 
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
@@ -1416,12 +1419,12 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         scan = dict(D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, HH16=q.dtype != torch.float32)
         adj16 = q.dtype != torch.float32 and D in HALF_ADJOINT_HEAD_DIMS  # _back_across
         # the block-local results: the forward's when its blocks were these, else computed again
-        if kept is not None and kept[3].shape[2:] == (N, BT, BT):
-            Qt, Kt, Mb, SI, XB = kept
-            dSI = torch.empty_like(SI)
+        kept_now = unused.pop() if unused else None
+        if kept_now is not None and kept_now[3].shape[2:] == (N, BT, BT):
+            Qt, Kt, Mb, SI, XB = kept_now
         else:
             Qt, Kt, Mb, SI, XB = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, opts("prep_fwd"), True)
-            dSI = SI  # the intra-block logits' gradient overwrites them
+        dSI = SI  # the intra-block logits' gradient overwrites them
         V = _to_blocks(v, Tp, sd).contiguous()
         dO = _to_blocks(grad_out, Tp, sd).contiguous()
         delta = torch.empty(B, H, Tp, **f32)  # rowsum(dO o O), written by the within-chunk scan
@@ -1552,12 +1555,16 @@ class _PathAttention(torch.autograd.Function):
             O, LSE, kept = _forward(q, k, v, w, beta, log_fgate, scale, keep)
         ctx.save_for_backward(q, k, v, w, beta, log_fgate, O, LSE, *(kept or (None,) * 5))
         ctx.scale = scale
+        ctx.kept_spent = False
         return O.transpose(1, 2)
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, w, beta, log_fgate, O, LSE, *kept = ctx.saved_tensors
-        kept = None if kept[0] is None else tuple(kept)
+        # the backward overwrites the kept intra-block logits with their gradient: a second
+        # backward (retain_graph) computes the block-local algebra again
+        kept = None if kept[0] is None or ctx.kept_spent else tuple(kept)
+        ctx.kept_spent = True
         with torch.autocast(q.device.type, enabled=False):
             grads = _backward(q, k, v, w, beta, log_fgate, ctx.scale, O, LSE, grad_out, kept)
         like = (q, k, v, w, beta, log_fgate)

@@ -224,6 +224,18 @@ def test_backward_reuses_the_forward_block_algebra(monkeypatch, keep, calls):
     assert len(prepared) == calls
 
 
+def test_second_backward_gives_the_same_gradients():
+    """The first backward overwrites the kept intra-block logits with their gradient; a second one
+    through the same graph (retain_graph) must not read them, and gives the same gradients."""
+    args = [a.requires_grad_(True) for a in make_inputs(1, 37, 2, 16, True, True, seed=5)]
+    out = path_attention_triton(*args)
+    dout = torch.randn_like(out)
+    first = torch.autograd.grad(out, args, dout, retain_graph=True)
+    second = torch.autograd.grad(out, args, dout)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.skipif(not CUDA, reason="GPU configurations")
 @pytest.mark.parametrize("D", [16, 32, 64, 128])
 def test_every_gpu_configuration(monkeypatch, D):
