@@ -2,7 +2,8 @@
 
 Layout at the API: q, k, v, w are [B, T, H, D]; beta and log_fgate are [B, T, H]. The logit of
 query i and key j <= i is scale * q_i^T H_i ... H_{j+1} k_j + (G_i - G_j) with
-H_t = I - beta_t w_t w_t^T and G = cumsum(log_fgate) (ATTENTION.md).
+H_t = I - beta_t w_t w_t^T and G = cumsum(log_fgate) (ATTENTION.md). The scans read v and the
+output's gradient in place, with their strides; the kernels' own buffers are [B, H, T, D].
 
 Algorithm (blocks of BT tokens grouped in chunks of C blocks; ATTENTION.md "blockwise
 algorithm"). Eight kernels, one launch each; everything accumulates in float32.
@@ -116,7 +117,8 @@ _KERNELS = None
 def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
     # the helpers are module globals: kernels look names up there
-    global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _query_tile, _load_f32, _dot_rows
+    global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _query_tile, _load_f32, _dot_rows, \
+        _head, _load_rows
     if _KERNELS is not None:
         return _KERNELS
 
@@ -171,13 +173,24 @@ def _kernels():
         return dr
 
     @triton.jit
-    def _query_tile(QX, DO, DELTA, LSE, offs, cols, Tp, D: tl.constexpr):
-        """The rows offs of a backward scan's query tile: its queries in QX (float32), dO, delta
-        and log-sum-exp. Rows past the end (Tp) get lse = inf: their probabilities are exactly
-        0, so no gradient flows from them."""
+    def _head(X, bh, H, stride_b, stride_h):
+        """The first row of head bh (= batch * H + head) of a [B, T, H, D] input read in place."""
+        return X + (bh // H) * stride_b + (bh % H) * stride_h
+
+    @triton.jit
+    def _load_rows(X, offs, cols, stride_t, T):
+        """Rows offs of one head of a [B, T, H, D] input read in place (X from _head), rows
+        stride_t apart; 0 past its T rows."""
+        return tl.load(X + offs[:, None] * stride_t + cols[None, :], mask=(offs < T)[:, None], other=0.0)
+
+    @triton.jit
+    def _query_tile(QX, DO, DELTA, LSE, offs, cols, T, Tp, DOT, D: tl.constexpr):
+        """The rows offs of a backward scan's query tile: its queries in QX (float32), dO (read in
+        place, rows DOT apart), delta and log-sum-exp. Rows past the end (Tp) get lse = inf: their
+        probabilities are exactly 0, so no gradient flows from them."""
         valid = offs < Tp
         tile = offs[:, None] * D + cols[None, :]
-        do = tl.load(DO + tile, mask=valid[:, None], other=0.0)
+        do = _load_rows(DO, offs, cols, DOT, T)
         delta = tl.load(DELTA + offs, mask=valid, other=0.0)
         lse = tl.load(LSE + offs, mask=valid, other=float("inf"))
         r = tl.load(QX + tile, mask=valid[:, None], other=0.0).to(tl.float32)
@@ -222,10 +235,10 @@ def _kernels():
         """One key block of the online softmax for queries r: the updated (m, l, acc)."""
         return _softmax_step(_logits(r, kt, gq, gk, scale, HAS_GATE, PREC), v, m, l, acc, PREC)
 
-    @triton.jit(do_not_specialize=["N", "C"])
+    @triton.jit(do_not_specialize=["T", "H", "N", "C"])
     def _path_fwd_kernel(
         QT, QS, KT, KC, V, MB, MC, G, SI, O, LSE,
-        N, C, scale,
+        T, H, N, C, scale, VSB, VST, VSH,
         D: tl.constexpr, BT: tl.constexpr, QB: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
@@ -241,6 +254,7 @@ def _kernels():
         krows = tl.arange(0, BT)  # a key block's rows
         cols = tl.arange(0, D)
         base = bh * Tp * D
+        V = _head(V, bh, H, VSB, VSH)  # v in place: [B, T, H, D]
         offs_i = ib * BT + rows
         valid = offs_i < Tp
         tile_i = base + offs_i[:, None] * D + cols[None, :]
@@ -264,7 +278,7 @@ def _kernels():
                 gk = tl.load(G + bh * Tp + offs_h) if HAS_GATE else gq
                 later = rows[:, None] >= (h + 1) * BT
                 s = tl.where(later, _logits(r, tl.load(KT + tile_h), gq, gk, scale, HAS_GATE, PREC), s)
-            v = tl.load(V + tile_h, mask=(offs_h < Tp)[:, None], other=0.0)
+            v = _load_rows(V, offs_h, cols, VST, T)
             m, l, acc = _softmax_step(s, v, m, l, acc, PREC)
         if HAS_HH & (QB > 1):
             # the second block's queries cross the first block: the tile starts there
@@ -277,7 +291,7 @@ def _kernels():
             offs_j = jb * BT + krows
             tile_j = base + offs_j[:, None] * D + cols[None, :]
             gk = tl.load(G + bh * Tp + offs_j) if HAS_GATE else gq
-            m, l, acc = _attend(r, tl.load(KT + tile_j), tl.load(V + tile_j), m, l, acc, gq, gk, scale,
+            m, l, acc = _attend(r, tl.load(KT + tile_j), _load_rows(V, offs_j, cols, VST, T), m, l, acc, gq, gk, scale,
                                 HAS_GATE, PREC)
             if HAS_HH:
                 r = _carry(r, MB + (bh * N + jb) * D * D, cols, D, False, HH16, PREC)
@@ -290,7 +304,7 @@ def _kernels():
             offs_j = jb * BT + krows
             tile_j = base + offs_j[:, None] * D + cols[None, :]
             gk = tl.load(G + bh * Tp + offs_j) if HAS_GATE else gq
-            m, l, acc = _attend(r, tl.load(KC + tile_j), tl.load(V + tile_j), m, l, acc, gq, gk, scale,
+            m, l, acc = _attend(r, tl.load(KC + tile_j), _load_rows(V, offs_j, cols, VST, T), m, l, acc, gq, gk, scale,
                                 HAS_GATE, PREC)
             if HAS_HH:
                 if (jb % C == 0) & (jb > 0):
@@ -299,11 +313,11 @@ def _kernels():
         tl.store(O + tile_i, o.to(O.dtype.element_ty), mask=valid[:, None])
         tl.store(LSE + bh * Tp + offs_i, m + tl.log(l), mask=valid)
 
-    @triton.jit(do_not_specialize=["T", "N", "C", "NG"])
+    @triton.jit(do_not_specialize=["T", "H", "N", "C", "NG"])
     def _bwd_within_kernel(
         QT, KT, V, MB, G, SI, LSE, DO, O, DELTA,
         DQT, DKP, DVP, DMP, DGROW, DGCOLP, DSI, RS,
-        T, OS, N, C, NG, scale,
+        T, H, OS, N, C, NG, scale, VSB, VST, VSH, DOSB, DOST, DOSH,
         D: tl.constexpr, BT: tl.constexpr, QB: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
         ADJ16: tl.constexpr,
@@ -324,8 +338,8 @@ def _kernels():
         # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
         QT += bh * Tp * D
         KT += bh * Tp * D
-        V += bh * Tp * D
-        DO += bh * Tp * D
+        V = _head(V, bh, H, VSB, VSH)  # v and dO in place: [B, T, H, D]
+        DO = _head(DO, bh, H, DOSB, DOSH)
         DQT += bh * Tp * D
         O += bh * OS  # the output, [B, H, T, D] with OS elements a head
         DKP += own * Tp * D
@@ -352,14 +366,14 @@ def _kernels():
                 if hb < N:
                     offs_h = hb * BT + krows
                     tile_h = offs_h[:, None] * D + cols[None, :]  # in every [Tp, D] buffer
-                    do = tl.load(DO + tile_h)
+                    do = _load_rows(DO, offs_h, cols, DOST, T)
                     o = tl.load(O + offs_h[:, None] * D + cols[None, :], mask=(offs_h < T)[:, None], other=0.0)
                     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
                     tl.store(DELTA + offs_h, delta)
                     si_ptr = hb * BT * BT + krows[:, None] * BT + krows[None, :]
                     s = tl.load(SI + si_ptr)
                     p = tl.where(causal, tl.exp(s - tl.load(LSE + offs_h)[:, None]), 0.0)
-                    dp = tl.dot(do, tl.trans(tl.load(V + tile_h)), input_precision=PREC)
+                    dp = tl.dot(do, tl.trans(_load_rows(V, offs_h, cols, VST, T)), input_precision=PREC)
                     ds = p * (dp - delta[:, None])
                     tl.debug_barrier()  # DSI may be SI itself: every thread has read its logits
                     tl.store(DSI + si_ptr, ds)
@@ -370,7 +384,7 @@ def _kernels():
             offs_i = ib * BT + rows
             valid = offs_i < Tp
             tile_i = offs_i[:, None] * D + cols[None, :]
-            r, do, delta, lse = _query_tile(QT, DO, DELTA, LSE, offs_i, cols, Tp, D)
+            r, do, delta, lse = _query_tile(QT, DO, DELTA, LSE, offs_i, cols, T, Tp, DOST, D)
             if HAS_HH:
                 # replay the forward carry of the queries within the chunk, keeping each position
                 if QB > 1:
@@ -405,7 +419,7 @@ def _kernels():
                     p = tl.where(rows[:, None] >= (jb + 1 - ib) * BT, p, 0.0)
                     if jb == ib:
                         tl.store(DQT + tile_i, dr, mask=(rows < BT)[:, None])  # the first block is done
-                dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
+                dp = tl.dot(do, tl.trans(_load_rows(V, offs_j, cols, VST, T)), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
                 dsb = (ds * scale).to(DT)
                 dv_ptr = DVP + tile_j
@@ -423,11 +437,11 @@ def _kernels():
             tl.store(DQT + tile_i, dr, mask=((rows >= (QB - 1) * BT) & valid)[:, None])
             tl.store(DGROW + offs_i, dg_row, mask=valid)
 
-    @triton.jit(do_not_specialize=["N", "C", "NG"])
+    @triton.jit(do_not_specialize=["T", "H", "N", "C", "NG"])
     def _bwd_cross_q_kernel(
         QS, KC, V, MC, G, LSE, DO, DELTA,
         DQS, DMCP, DGROW, RS,
-        N, C, NG, scale,
+        T, H, N, C, NG, scale, VSB, VST, VSH, DOSB, DOST, DOSH,
         D: tl.constexpr, BT: tl.constexpr, QB: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
         ADJ16: tl.constexpr,
@@ -447,8 +461,8 @@ def _kernels():
         # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
         QS += bh * Tp * D
         KC += bh * Tp * D
-        V += bh * Tp * D
-        DO += bh * Tp * D
+        V = _head(V, bh, H, VSB, VSH)  # v and dO in place: [B, T, H, D]
+        DO = _head(DO, bh, H, DOSB, DOSH)
         DQS += bh * Tp * D
         MC += bh * NC * D * D
         DMCP += own * NC * D * D
@@ -465,7 +479,7 @@ def _kernels():
             offs_i = ib * BT + rows
             valid = offs_i < Tp
             tile_i = offs_i[:, None] * D + cols[None, :]
-            r, do, delta, lse = _query_tile(QS, DO, DELTA, LSE, offs_i, cols, Tp, D)
+            r, do, delta, lse = _query_tile(QS, DO, DELTA, LSE, offs_i, cols, T, Tp, DOST, D)
             if HAS_HH:
                 # replay the chunk-level carry of the queries, keeping them at each chunk's end
                 for cc in range(0, ib // C):
@@ -497,7 +511,7 @@ def _kernels():
                     kc = tl.load(KC + tile_j)
                     gk = tl.load(G + offs_j) if HAS_GATE else gq
                     p = tl.exp(_logits(r, kc, gq, gk, scale, HAS_GATE, PREC) - lse[:, None])
-                    dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
+                    dp = tl.dot(do, tl.trans(_load_rows(V, offs_j, cols, VST, T)), input_precision=PREC)
                     ds = p * (dp - delta[:, None])
                     dr = tl.dot((ds * scale).to(DT), kc, acc=dr, input_precision=PREC)
                     if HAS_GATE:
@@ -506,11 +520,11 @@ def _kernels():
             if HAS_GATE:
                 tl.store(DGROW + offs_i, tl.load(DGROW + offs_i, mask=valid) + dg_row, mask=valid)
 
-    @triton.jit(do_not_specialize=["N", "C", "NG"])
+    @triton.jit(do_not_specialize=["T", "H", "N", "C", "NG"])
     def _bwd_cross_kv_kernel(
         QS, KC, V, MC, G, LSE, DO, DELTA,
         DKC, DV, DGCOL, KS,
-        N, C, NG, scale,
+        T, H, N, C, NG, scale, VSB, VST, VSH, DOSB, DOST, DOSH,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
@@ -525,8 +539,8 @@ def _kernels():
         # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
         QS += bh * Tp * D
         KC += bh * Tp * D
-        V += bh * Tp * D
-        DO += bh * Tp * D
+        V = _head(V, bh, H, VSB, VSH)  # v and dO in place: [B, T, H, D]
+        DO = _head(DO, bh, H, DOSB, DOSH)
         DKC += bh * Tp * D
         DV += bh * Tp * D
         MC += bh * NC * D * D
@@ -550,7 +564,7 @@ def _kernels():
                     if c < NC - 1:
                         kc = _carry(kc, MC + c * D * D, cols, D, True, HH16, PREC)
                 tl.debug_barrier()
-            v = tl.load(V + tile_j)
+            v = _load_rows(V, offs_j, cols, VST, T)
             gk = tl.zeros([BT], dtype=tl.float32)
             if HAS_GATE:
                 gk = tl.load(G + offs_j)
@@ -576,7 +590,7 @@ def _kernels():
                     # P and dS transposed (keys by queries), as the products with dO and qs take
                     # them: no transpose of a register tile (the gates' signs turn with it)
                     pt = tl.exp(_logits(kf, qs, -gk, -gq, scale, HAS_GATE, PREC) - tl.load(LSE + offs_i)[None, :])
-                    do = tl.load(DO + tile_i)
+                    do = _load_rows(DO, offs_i, cols, DOST, T)
                     dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
                     dst = pt * (dpt - tl.load(DELTA + offs_i)[None, :])
                     dv = tl.dot(pt.to(DT), do, acc=dv, input_precision=PREC)
@@ -1159,6 +1173,15 @@ def _to_blocks(x: torch.Tensor, Tp: int, dtype=torch.float32) -> torch.Tensor:
     return x
 
 
+def _in_place(x, dtype):
+    """A [B, T, H, D] input in dtype as the scans read it, in place: (x, its strides of batch,
+    time and head), its rows unit-strided."""
+    x = x.to(dtype)
+    if x.stride(3) != 1:
+        x = x.contiguous()
+    return x, x.stride(0), x.stride(1), x.stride(2)
+
+
 def _hh_dtype(q):
     """dtype of the stored block products M and of the backward's replayed queries:
     float32 for float32 inputs; float16 (the precision of the carries' dots) for 16-bit ones."""
@@ -1374,12 +1397,13 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
         O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
         LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
         QB = _query_blocks("fwd", D)
+        V, *vs = _in_place(v, sd)
         _kernels()[0][(-(-N // QB), B * H)](
-            Qt, Qs, Kt, Kc, _to_blocks(v, Tp, sd).contiguous(),
+            Qt, Qs, Kt, Kc, V,
             dummy if Mb is None else Mb, dummy if Mc is None else Mc,
             dummy if Gf is None else Gf,
             SI, O, LSE,
-            N, C, float(scale),
+            T, H, N, C, float(scale), *vs,
             D=D, BT=BT, QB=QB, HAS_HH=has_hh, HAS_GATE=has_gate,
             PREC=prec, HH16=q.dtype != torch.float32, **opts("fwd"),
         )
@@ -1425,8 +1449,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         else:
             Qt, Kt, Mb, SI, XB = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, opts("prep_fwd"), True)
         dSI = SI  # the intra-block logits' gradient overwrites them
-        V = _to_blocks(v, Tp, sd).contiguous()
-        dO = _to_blocks(grad_out, Tp, sd).contiguous()
+        V, *vs = _in_place(v, sd)
+        dO, *dos = _in_place(grad_out, sd)
         delta = torch.empty(B, H, Tp, **f32)  # rowsum(dO o O), written by the within-chunk scan
         lse = torch.nn.functional.pad(LSE, pad).contiguous()
         dummy = _dummy(dev)
@@ -1447,7 +1471,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         _kernels()[1][(NC * NGw, B * H)](
             Qt, Kt, V, Mb if has_hh else dummy, G, SI, lse, dO, O, delta,
             dQt, dKp, dVp, dMp, dGrow, dGcolp, dSI, RS,
-            T, O.stride(1), N, C, NGw, float(scale), QB=QBw, ADJ16=adj16, **scan, **opts("within"),
+            T, H, O.stride(1), N, C, NGw, float(scale), *vs, *dos, QB=QBw, ADJ16=adj16, **scan, **opts("within"),
         )
         del RS
 
@@ -1478,7 +1502,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             _kernels()[4][(NGq, B * H)](
                 Qs, Kc, V, Mc, G, lse, dO, delta,
                 dQs, dMcp, dGrow, RSc,
-                N, C, NGq, float(scale), QB=QB, ADJ16=adj16, **scan, **opts("cross_q"),
+                T, H, N, C, NGq, float(scale), *vs, *dos, QB=QB, ADJ16=adj16, **scan, **opts("cross_q"),
             )
             del RSc
             if has_hh:
@@ -1495,7 +1519,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             _kernels()[5][(NGk, B * H)](
                 Qs, Kc, V, Mc, G, lse, dO, delta,
                 dKc, dV, dGcol, KS,
-                N, C, NGk, float(scale), **scan, **opts("cross_kv"),
+                T, H, N, C, NGk, float(scale), *vs, *dos, **scan, **opts("cross_kv"),
             )
             del KS
             if has_hh:

@@ -224,6 +224,23 @@ def test_backward_reuses_the_forward_block_algebra(monkeypatch, keep, calls):
     assert len(prepared) == calls
 
 
+def test_values_and_output_gradient_read_in_place_with_their_strides():
+    """v and dO are read where they lie: v a slice of a wider tensor, dO with heads outermost
+    (as the gradient of a transposed view comes), T not a block multiple."""
+    q, k, v, w, beta, lf = make_inputs(2, 45, 3, 16, True, True, seed=3)
+    wide = torch.randn(2, 45, 3, 32, device=DEV)
+    wide[..., 8:24] = v
+    v_view = wide[..., 8:24]
+    assert not v_view.is_contiguous()
+    dout = torch.randn(2, 3, 45, 16, device=DEV).transpose(1, 2)
+    out, g = grads(path_attention_triton, [q, k, v_view, w, beta, lf], dout)
+    ref_args = [a.double() for a in (q, k, v, w, beta, lf)]
+    ref, rg = grads(path_attention_reference, ref_args, dout.double())
+    assert rel(out, ref) <= 1e-4
+    for name, a, b in zip("q k v w beta log_fgate".split(), g, rg):
+        assert rel(a, b) <= 1e-3, (name, rel(a, b))
+
+
 def test_second_backward_gives_the_same_gradients():
     """The first backward overwrites the kept intra-block logits with their gradient; a second one
     through the same graph (retain_graph) must not read them, and gives the same gradients."""
