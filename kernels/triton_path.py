@@ -42,7 +42,7 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
 4. Backward, in three scans. Write dS = P o (dO V^T - delta) for a pair's logit gradient, with
    delta = rowsum(dO o O), which the first scan computes (and stores for the other two).
    a. Within chunks (_bwd_within_kernel, one program per chunk, or, when one chunk spans the
-      sequence, NG programs that share its query blocks, each with its own sums):
+      sequence, NG programs with consecutive query blocks and about equal work, _within_spans):
       for each query block I, replay r_{I,J} = Qt_I M_{I-1} ... M_{J+1} for the chunk's J < I
       (stored in a scratch), then walk J ascending with the adjoint dr (the gradient of the
       loss with respect to the queries after crossing block J, from key blocks < J):
@@ -65,7 +65,8 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
       that the backward's chunk edges stored; the queries' side right after scan b, the keys'
       side after scan c, so that each side's buffers are freed before the next are allocated.
    Partial sums that several programs make (dMc; dV, dKt, dM within a chunk when it has NG
-   programs) live in buffers per program and are summed in torch in a fixed order: gradients
+   programs: the last program's are the sums, the others' cover the blocks up to their last
+   query block) live in buffers per program and are summed in torch in a fixed order: gradients
    are bitwise reproducible, without atomics.
 5. Preprocessing backward (_prep_bwd_kernel, one program per block, in three launches that each
    take one of the products with X below; [BT, D] tiles in column slabs of at most 64), from
@@ -86,8 +87,8 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
    then dlog_fgate = reverse cumsum of dG.
 
 Memory beyond the inputs: O(T (BT + D) + (T / BT) D^2) per head, plus O(NG (T / (C BT)) D^2)
-for the programs of the cross-chunk scans, or O(NG (T D + (T / BT) D^2)) for those of one
-chunk's scan (NG <= MAX_GROUPS); nothing O(T^2).
+for the programs of the cross-chunk scans, or at most O(NG (T D + (T / BT) D^2)) for those of
+one chunk's scan (NG <= MAX_GROUPS); nothing O(T^2).
 """
 
 from __future__ import annotations
@@ -316,48 +317,60 @@ def _kernels():
     @triton.jit(do_not_specialize=["T", "H", "N", "C", "NG"])
     def _bwd_within_kernel(
         QT, KT, V, MB, G, SI, LSE, DO, O, DELTA,
-        DQT, DKP, DVP, DMP, DGROW, DGCOLP, DSI, RS,
+        DQT, DK, DV, DM, DGROW, DGCOL, DKP, DVP, DMP, DGCOLP, DSI, RS, SPANS,
         T, H, OS, N, C, NG, scale, VSB, VST, VSH, DOSB, DOST, DOSH,
         D: tl.constexpr, BT: tl.constexpr, QB: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
         ADJ16: tl.constexpr,
     ):
-        # A program owns the tiles of QB query blocks (1 or 2) of one chunk that start at blocks
-        # first + QB g, first + QB (g + NG), ..., and writes their delta = rowsum(dO o O) for the
-        # scans across chunks. A pair's second block crosses the first one, then the two walk
-        # the earlier blocks of the chunk as one tile (the second block may lie past the end: its
-        # rows are masked).
+        # Program g of a chunk owns its consecutive tiles of QB query blocks (1 or 2) lo to hi - 1
+        # (SPANS[g] = lo, hi, nb, at), and writes their delta = rowsum(dO o O) for the scans
+        # across chunks. A pair's second block crosses the first one, then the two walk the
+        # earlier blocks of the chunk as one tile (the second block may lie past the end: its
+        # rows are masked). The last program's sums of dK, dV, dL/dM and the gate's columns are
+        # the scan's own (DK, DV, DM, DGCOL); each other program's cover the nb blocks its tiles
+        # reach, at block `at` of the packed DKP, DVP, DMP and DGCOLP, and are added afterwards.
         first = (tl.program_id(0) // NG) * C
         g = tl.program_id(0) % NG
         bh = tl.program_id(1).to(tl.int64)
+        lo = tl.load(SPANS + 4 * g)
+        hi = tl.load(SPANS + 4 * g + 1)
+        nb = tl.load(SPANS + 4 * g + 2)
+        at = tl.load(SPANS + 4 * g + 3)
+        span = tl.num_programs(1) * at + bh * nb  # this program's first block in RS, DKP, ...
         Tp = N * BT
         rows = tl.arange(0, QB * BT)  # the tile's rows
         krows = tl.arange(0, BT)  # a block's rows
         cols = tl.arange(0, D)
-        own = bh * NG + g  # this program's slot in the partial sums and the scratch
-        # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
+        # the (batch, head) and the span go into the pointers: 32-bit offsets within (registers)
         QT += bh * Tp * D
         KT += bh * Tp * D
         V = _head(V, bh, H, VSB, VSH)  # v and dO in place: [B, T, H, D]
         DO = _head(DO, bh, H, DOSB, DOSH)
         DQT += bh * Tp * D
         O += bh * OS  # the output, [B, H, T, D] with OS elements a head
-        DKP += own * Tp * D
-        DVP += own * Tp * D
-        RS += own * Tp * QB * D
+        if g == NG - 1:
+            DK += bh * Tp * D
+            DV += bh * Tp * D
+            DM += bh * N * D * D
+            DGCOL += bh * Tp
+        else:
+            DK = DKP + span * BT * D
+            DV = DVP + span * BT * D
+            DM = DMP + span * D * D
+            DGCOL = DGCOLP + span * BT
+        RS += span * QB * BT * D
         MB += bh * N * D * D
-        DMP += own * N * D * D
         SI += bh * N * BT * BT
         DSI += bh * N * BT * BT
         G += bh * Tp
         LSE += bh * Tp
         DELTA += bh * Tp
         DGROW += bh * Tp
-        DGCOLP += own * Tp
         causal = krows[None, :] <= krows[:, None]
 
         DT = KT.dtype.element_ty  # storage / data-dot dtype: float32, or q's 16-bit dtype
-        for ib in range(first + QB * g, tl.minimum(first + C, N), QB * NG):
+        for ib in range(first + QB * lo, tl.minimum(first + QB * hi, tl.minimum(first + C, N)), QB):
             # the previous tile's reads of RS and the partial sums are done
             tl.debug_barrier()
             # each block's own keys, and its delta
@@ -377,7 +390,7 @@ def _kernels():
                     ds = p * (dp - delta[:, None])
                     tl.debug_barrier()  # DSI may be SI itself: every thread has read its logits
                     tl.store(DSI + si_ptr, ds)
-                    dv_ptr = DVP + tile_h
+                    dv_ptr = DV + tile_h
                     tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
             tl.debug_barrier()  # delta is read back below by other threads
 
@@ -422,17 +435,17 @@ def _kernels():
                 dp = tl.dot(do, tl.trans(_load_rows(V, offs_j, cols, VST, T)), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
                 dsb = (ds * scale).to(DT)
-                dv_ptr = DVP + tile_j
+                dv_ptr = DV + tile_j
                 tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
-                dk_ptr = DKP + tile_j
+                dk_ptr = DK + tile_j
                 tl.store(dk_ptr, tl.dot(tl.trans(dsb), rb, acc=tl.load(dk_ptr), input_precision=PREC))
                 if HAS_GATE:
                     dg_row += tl.sum(ds, 1)
-                    dgc_ptr = DGCOLP + offs_j
+                    dgc_ptr = DGCOL + offs_j
                     tl.store(dgc_ptr, tl.load(dgc_ptr) - tl.sum(ds, 0))
                 if HAS_HH:
                     # dr is dL/d(queries before block jb); carry it back across the block
-                    dr = _back_across(dr, r, rs_j, rows, DMP, MB, jb, cols, D, (D > 64) | (QB > 1), ADJ16, PREC)
+                    dr = _back_across(dr, r, rs_j, rows, DM, MB, jb, cols, D, (D > 64) | (QB > 1), ADJ16, PREC)
                 dr = tl.dot(dsb, kt, acc=dr, input_precision=PREC)
             tl.store(DQT + tile_i, dr, mask=((rows >= (QB - 1) * BT) & valid)[:, None])
             tl.store(DGROW + offs_i, dg_row, mask=valid)
@@ -1151,6 +1164,34 @@ def _num_groups(N: int, BH: int, device: torch.device, num_warps=None) -> int:
     return best
 
 
+def _within_spans(N: int, C: int, QB: int, NG: int) -> list:
+    """The query tiles (of QB blocks) of each of the NG programs of a chunk's within-chunk scan, as
+    (lo, hi, nb, at): tiles lo to hi - 1 of the chunk; the sums of all but the last program cover
+    the nb blocks their tiles reach, from block `at` of the packed buffers (the last program's are
+    the scan's own, over all N blocks; its scratch follows the others').
+
+    Programs take consecutive tiles, so that each program's sums cover only the blocks up to its
+    last tile, and about the same work: a tile walks the blocks before it."""
+    tiles = -(-min(C, N) // QB)
+    cost = [QB * (t + 2) - 1 for t in range(tiles)]  # the blocks it walks, and its own
+    total = sum(cost)
+    spans, lo, at, done = [], 0, 0, 0
+    for g in range(NG):
+        hi = lo + 1
+        done += cost[lo]
+        # the next tile too while that brings the work done closer to g + 1 programs' share
+        while hi < tiles - (NG - 1 - g) and done + cost[hi] / 2 <= total * (g + 1) / NG:
+            done += cost[hi]
+            hi += 1
+        if g == NG - 1:
+            spans.append((lo, tiles, N, at))
+        else:
+            spans.append((lo, hi, min(N, QB * hi), at))
+        at += spans[-1][2]
+        lo = hi
+    return spans
+
+
 def _query_blocks(kernel: str, D: int) -> int:
     """Query blocks a program of kernel ("fwd", "within", "cross_q") takes as one tile at head
     size D: 2 where QUERY_PAIRS says so, else 1."""
@@ -1457,34 +1498,37 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         G = Gf if has_gate else dummy
 
         # 1. pairs of blocks within a chunk, query blocks QBw at a time: NGw programs per chunk
-        # (several only when one chunk spans the sequence), each with its own partial sums, added
-        # in a fixed order
+        # (several only when one chunk spans the sequence) with consecutive query tiles; the sums
+        # of all but the last are packed, and added to the last one's in program order
         QBw = _query_blocks("within", D)
         NGw = _num_groups(-(-N // QBw), B * H, dev, num_warps) if NC == 1 else 1
+        spans = _within_spans(N, C, QBw, NGw)
+        packed = sum(nb for _, _, nb, _ in spans[:-1])  # blocks per head of the other programs' sums
         dQt = torch.empty(B, H, Tp, D, **f32)
-        dKp = torch.zeros(B, H, NGw, Tp, D, **f32)
-        dVp = torch.zeros(B, H, NGw, Tp, D, **f32)
-        dMp = torch.zeros(B, H, NGw, N, D, D, **f32) if has_hh else dummy
+        dKt = torch.zeros(B, H, Tp, D, **f32)
+        dV = torch.zeros(B, H, Tp, D, **f32)
+        dM = torch.zeros(B, H, N, D, D, **f32) if has_hh else dummy
         dGrow = torch.empty(B, H, Tp, **f32)
-        dGcolp = torch.zeros(B, H, NGw, Tp, **f32)
-        RS = torch.empty(B, H, NGw, N, QBw * BT, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
+        dGcol = torch.zeros(B, H, Tp, **f32)
+        dKp = torch.zeros(B * H * packed * BT * D, **f32) if packed else dummy
+        dVp = torch.zeros(B * H * packed * BT * D, **f32) if packed else dummy
+        dMp = torch.zeros(B * H * packed * D * D, **f32) if packed and has_hh else dummy
+        dGcolp = torch.zeros(B * H * packed * BT, **f32) if packed else dummy
+        RS = (torch.empty(B * H * (packed + N) * QBw * BT * D, dtype=_hh_dtype(q), device=dev) if has_hh
+              else dummy)
         _kernels()[1][(NC * NGw, B * H)](
             Qt, Kt, V, Mb if has_hh else dummy, G, SI, lse, dO, O, delta,
-            dQt, dKp, dVp, dMp, dGrow, dGcolp, dSI, RS,
+            dQt, dKt, dV, dM, dGrow, dGcol, dKp, dVp, dMp, dGcolp, dSI, RS,
+            torch.tensor(spans, dtype=torch.int32, device=dev),
             T, H, O.stride(1), N, C, NGw, float(scale), *vs, *dos, QB=QBw, ADJ16=adj16, **scan, **opts("within"),
         )
         del RS
-
-        # one sum at a time, each group's partials freed before the next, the largest last: the
-        # peak stays that of the scan
-        dGcol = _sum_programs(dGcolp, NGw)
-        del dGcolp
-        dKt = _sum_programs(dKp, NGw)
-        del dKp
-        dV = _sum_programs(dVp, NGw)
-        del dVp
-        dM = _sum_programs(dMp, NGw) if has_hh else dummy
-        del dMp
+        for sums, part, size in ((dGcol, dGcolp, BT), (dKt, dKp, BT * D), (dV, dVp, BT * D), (dM, dMp, D * D)):
+            if part is not dummy:
+                for _, _, nb, at in spans[:-1]:
+                    region = part[B * H * at * size:B * H * (at + nb) * size]
+                    sums.view(B, H, -1)[:, :, :nb * size] += region.view(B, H, -1)
+        del dKp, dVp, dMp, dGcolp
 
         # 2. pairs across chunks: queries at their chunk's start, keys at their chunk's end
         if N > C:

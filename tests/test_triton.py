@@ -241,6 +241,25 @@ def test_values_and_output_gradient_read_in_place_with_their_strides():
         assert rel(a, b) <= 1e-3, (name, rel(a, b))
 
 
+@pytest.mark.parametrize("N, QB, NG", [(12, 2, 2), (16, 2, 8), (7, 2, 2), (7, 1, 3), (40, 1, 8), (5, 1, 5)])
+def test_within_chunk_programs_split_the_tiles(N, QB, NG):
+    """One chunk's programs take every query tile once, in order; each other program's sums
+    cover the blocks its tiles reach, packed one after another; the work is shared about evenly."""
+    import pathbench.kernels.triton_path as tp
+
+    spans = tp._within_spans(N, N, QB, NG)
+    tiles = -(-N // QB)
+    assert len(spans) == NG and spans[0][0] == 0 and spans[-1][1] == tiles
+    at = 0
+    for (lo, hi, nb, start), nxt in zip(spans, spans[1:] + [(tiles,)]):
+        assert lo < hi == nxt[0] and start == at
+        assert nb >= min(N, QB * hi)  # the blocks its tiles reach: their own, and those they walk
+        at += nb
+    assert spans[-1][2] == N
+    work = [sum(QB * (t + 2) - 1 for t in range(lo, hi)) for lo, hi, _, _ in spans]
+    assert max(work) <= sum(work) / NG + QB * (tiles + 1), work
+
+
 def test_second_backward_gives_the_same_gradients():
     """The first backward overwrites the kept intra-block logits with their gradient; a second one
     through the same graph (retain_graph) must not read them, and gives the same gradients."""
