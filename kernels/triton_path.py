@@ -2,8 +2,10 @@
 
 Layout at the API: q, k, v, w are [B, T, H, D]; beta and log_fgate are [B, T, H]. The logit of
 query i and key j <= i is scale * q_i^T H_i ... H_{j+1} k_j + (G_i - G_j) with
-H_t = I - beta_t w_t w_t^T and G = cumsum(log_fgate) (ATTENTION.md). The scans read v and the
-output's gradient in place, with their strides; the kernels' own buffers are [B, H, T, D].
+H_t = I - beta_t w_t w_t^T and G = cumsum(log_fgate) (ATTENTION.md). The kernels' own buffers
+are [B, H, T, D]; the within-chunk scan reads v and the output's gradient in place, with their
+strides, the other scans read copies in that layout (in place, the queries-first scan was 10% to
+15% slower at D = 128, results/kernel/variants_v1.log).
 
 Algorithm (blocks of BT tokens grouped in chunks of C blocks; ATTENTION.md "blockwise
 algorithm"). Eight kernels, one launch each; everything accumulates in float32.
@@ -185,17 +187,16 @@ def _kernels():
         return tl.load(X + offs[:, None] * stride_t + cols[None, :], mask=(offs < T)[:, None], other=0.0)
 
     @triton.jit
-    def _query_tile(QX, DO, DELTA, LSE, offs, cols, T, Tp, DOT, D: tl.constexpr):
-        """The rows offs of a backward scan's query tile: its queries in QX (float32), dO (read in
-        place, rows DOT apart), delta and log-sum-exp. Rows past the end (Tp) get lse = inf: their
+    def _query_tile(QX, DELTA, LSE, offs, cols, Tp, D: tl.constexpr):
+        """The rows offs of a backward scan's query tile (its dO is the caller's): its queries in
+        QX (float32), delta and log-sum-exp. Rows past the end (Tp) get lse = inf: their
         probabilities are exactly 0, so no gradient flows from them."""
         valid = offs < Tp
         tile = offs[:, None] * D + cols[None, :]
-        do = _load_rows(DO, offs, cols, DOT, T)
         delta = tl.load(DELTA + offs, mask=valid, other=0.0)
         lse = tl.load(LSE + offs, mask=valid, other=float("inf"))
         r = tl.load(QX + tile, mask=valid[:, None], other=0.0).to(tl.float32)
-        return r, do, delta, lse
+        return r, delta, lse
 
     @triton.jit
     def _load_f32(ptr, offs, mask):
@@ -236,10 +237,10 @@ def _kernels():
         """One key block of the online softmax for queries r: the updated (m, l, acc)."""
         return _softmax_step(_logits(r, kt, gq, gk, scale, HAS_GATE, PREC), v, m, l, acc, PREC)
 
-    @triton.jit(do_not_specialize=["T", "H", "N", "C"])
+    @triton.jit(do_not_specialize=["N", "C"])
     def _path_fwd_kernel(
         QT, QS, KT, KC, V, MB, MC, G, SI, O, LSE,
-        T, H, N, C, scale, VSB, VST, VSH,
+        N, C, scale,
         D: tl.constexpr, BT: tl.constexpr, QB: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
@@ -255,7 +256,6 @@ def _kernels():
         krows = tl.arange(0, BT)  # a key block's rows
         cols = tl.arange(0, D)
         base = bh * Tp * D
-        V = _head(V, bh, H, VSB, VSH)  # v in place: [B, T, H, D]
         offs_i = ib * BT + rows
         valid = offs_i < Tp
         tile_i = base + offs_i[:, None] * D + cols[None, :]
@@ -279,7 +279,7 @@ def _kernels():
                 gk = tl.load(G + bh * Tp + offs_h) if HAS_GATE else gq
                 later = rows[:, None] >= (h + 1) * BT
                 s = tl.where(later, _logits(r, tl.load(KT + tile_h), gq, gk, scale, HAS_GATE, PREC), s)
-            v = _load_rows(V, offs_h, cols, VST, T)
+            v = tl.load(V + tile_h, mask=(offs_h < Tp)[:, None], other=0.0)
             m, l, acc = _softmax_step(s, v, m, l, acc, PREC)
         if HAS_HH & (QB > 1):
             # the second block's queries cross the first block: the tile starts there
@@ -292,7 +292,7 @@ def _kernels():
             offs_j = jb * BT + krows
             tile_j = base + offs_j[:, None] * D + cols[None, :]
             gk = tl.load(G + bh * Tp + offs_j) if HAS_GATE else gq
-            m, l, acc = _attend(r, tl.load(KT + tile_j), _load_rows(V, offs_j, cols, VST, T), m, l, acc, gq, gk, scale,
+            m, l, acc = _attend(r, tl.load(KT + tile_j), tl.load(V + tile_j), m, l, acc, gq, gk, scale,
                                 HAS_GATE, PREC)
             if HAS_HH:
                 r = _carry(r, MB + (bh * N + jb) * D * D, cols, D, False, HH16, PREC)
@@ -305,7 +305,7 @@ def _kernels():
             offs_j = jb * BT + krows
             tile_j = base + offs_j[:, None] * D + cols[None, :]
             gk = tl.load(G + bh * Tp + offs_j) if HAS_GATE else gq
-            m, l, acc = _attend(r, tl.load(KC + tile_j), _load_rows(V, offs_j, cols, VST, T), m, l, acc, gq, gk, scale,
+            m, l, acc = _attend(r, tl.load(KC + tile_j), tl.load(V + tile_j), m, l, acc, gq, gk, scale,
                                 HAS_GATE, PREC)
             if HAS_HH:
                 if (jb % C == 0) & (jb > 0):
@@ -397,7 +397,8 @@ def _kernels():
             offs_i = ib * BT + rows
             valid = offs_i < Tp
             tile_i = offs_i[:, None] * D + cols[None, :]
-            r, do, delta, lse = _query_tile(QT, DO, DELTA, LSE, offs_i, cols, T, Tp, DOST, D)
+            do = _load_rows(DO, offs_i, cols, DOST, T)
+            r, delta, lse = _query_tile(QT, DELTA, LSE, offs_i, cols, Tp, D)
             if HAS_HH:
                 # replay the forward carry of the queries within the chunk, keeping each position
                 if QB > 1:
@@ -450,11 +451,11 @@ def _kernels():
             tl.store(DQT + tile_i, dr, mask=((rows >= (QB - 1) * BT) & valid)[:, None])
             tl.store(DGROW + offs_i, dg_row, mask=valid)
 
-    @triton.jit(do_not_specialize=["T", "H", "N", "C", "NG"])
+    @triton.jit(do_not_specialize=["N", "C", "NG"])
     def _bwd_cross_q_kernel(
         QS, KC, V, MC, G, LSE, DO, DELTA,
         DQS, DMCP, DGROW, RS,
-        T, H, N, C, NG, scale, VSB, VST, VSH, DOSB, DOST, DOSH,
+        N, C, NG, scale,
         D: tl.constexpr, BT: tl.constexpr, QB: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
         ADJ16: tl.constexpr,
@@ -474,8 +475,8 @@ def _kernels():
         # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
         QS += bh * Tp * D
         KC += bh * Tp * D
-        V = _head(V, bh, H, VSB, VSH)  # v and dO in place: [B, T, H, D]
-        DO = _head(DO, bh, H, DOSB, DOSH)
+        V += bh * Tp * D
+        DO += bh * Tp * D
         DQS += bh * Tp * D
         MC += bh * NC * D * D
         DMCP += own * NC * D * D
@@ -492,7 +493,8 @@ def _kernels():
             offs_i = ib * BT + rows
             valid = offs_i < Tp
             tile_i = offs_i[:, None] * D + cols[None, :]
-            r, do, delta, lse = _query_tile(QS, DO, DELTA, LSE, offs_i, cols, T, Tp, DOST, D)
+            do = tl.load(DO + tile_i, mask=valid[:, None], other=0.0)
+            r, delta, lse = _query_tile(QS, DELTA, LSE, offs_i, cols, Tp, D)
             if HAS_HH:
                 # replay the chunk-level carry of the queries, keeping them at each chunk's end
                 for cc in range(0, ib // C):
@@ -524,7 +526,7 @@ def _kernels():
                     kc = tl.load(KC + tile_j)
                     gk = tl.load(G + offs_j) if HAS_GATE else gq
                     p = tl.exp(_logits(r, kc, gq, gk, scale, HAS_GATE, PREC) - lse[:, None])
-                    dp = tl.dot(do, tl.trans(_load_rows(V, offs_j, cols, VST, T)), input_precision=PREC)
+                    dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
                     ds = p * (dp - delta[:, None])
                     dr = tl.dot((ds * scale).to(DT), kc, acc=dr, input_precision=PREC)
                     if HAS_GATE:
@@ -533,11 +535,11 @@ def _kernels():
             if HAS_GATE:
                 tl.store(DGROW + offs_i, tl.load(DGROW + offs_i, mask=valid) + dg_row, mask=valid)
 
-    @triton.jit(do_not_specialize=["T", "H", "N", "C", "NG"])
+    @triton.jit(do_not_specialize=["N", "C", "NG"])
     def _bwd_cross_kv_kernel(
         QS, KC, V, MC, G, LSE, DO, DELTA,
         DKC, DV, DGCOL, KS,
-        T, H, N, C, NG, scale, VSB, VST, VSH, DOSB, DOST, DOSH,
+        N, C, NG, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HH16: tl.constexpr,
     ):
@@ -552,8 +554,8 @@ def _kernels():
         # the (batch, head) and the slot go into the pointers: 32-bit offsets within (registers)
         QS += bh * Tp * D
         KC += bh * Tp * D
-        V = _head(V, bh, H, VSB, VSH)  # v and dO in place: [B, T, H, D]
-        DO = _head(DO, bh, H, DOSB, DOSH)
+        V += bh * Tp * D
+        DO += bh * Tp * D
         DKC += bh * Tp * D
         DV += bh * Tp * D
         MC += bh * NC * D * D
@@ -577,7 +579,7 @@ def _kernels():
                     if c < NC - 1:
                         kc = _carry(kc, MC + c * D * D, cols, D, True, HH16, PREC)
                 tl.debug_barrier()
-            v = _load_rows(V, offs_j, cols, VST, T)
+            v = tl.load(V + tile_j)
             gk = tl.zeros([BT], dtype=tl.float32)
             if HAS_GATE:
                 gk = tl.load(G + offs_j)
@@ -603,7 +605,7 @@ def _kernels():
                     # P and dS transposed (keys by queries), as the products with dO and qs take
                     # them: no transpose of a register tile (the gates' signs turn with it)
                     pt = tl.exp(_logits(kf, qs, -gk, -gq, scale, HAS_GATE, PREC) - tl.load(LSE + offs_i)[None, :])
-                    do = _load_rows(DO, offs_i, cols, DOST, T)
+                    do = tl.load(DO + tile_i)
                     dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
                     dst = pt * (dpt - tl.load(DELTA + offs_i)[None, :])
                     dv = tl.dot(pt.to(DT), do, acc=dv, input_precision=PREC)
@@ -1214,9 +1216,22 @@ def _to_blocks(x: torch.Tensor, Tp: int, dtype=torch.float32) -> torch.Tensor:
     return x
 
 
+_SPANS: dict = {}
+
+
+def _spans_on(spans: list, device: torch.device) -> torch.Tensor:
+    """_within_spans's list as an int32 tensor on device, made once per list: a copy from the host
+    waits for the GPU, and a CUDA graph cannot capture one (training runs its first steps
+    without a graph)."""
+    key = (tuple(spans), device)
+    if key not in _SPANS:
+        _SPANS[key] = torch.tensor(spans, dtype=torch.int32, device=device)
+    return _SPANS[key]
+
+
 def _in_place(x, dtype):
-    """A [B, T, H, D] input in dtype as the scans read it, in place: (x, its strides of batch,
-    time and head), its rows unit-strided."""
+    """A [B, T, H, D] input in dtype as the within-chunk scan reads it, in place: (x, its strides
+    of batch, time and head), its rows unit-strided."""
     x = x.to(dtype)
     if x.stride(3) != 1:
         x = x.contiguous()
@@ -1438,13 +1453,12 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
         O = torch.empty(B, H, Tp, D, dtype=q.dtype, device=dev)
         LSE = torch.empty(B, H, Tp, dtype=torch.float32, device=dev)
         QB = _query_blocks("fwd", D)
-        V, *vs = _in_place(v, sd)
         _kernels()[0][(-(-N // QB), B * H)](
-            Qt, Qs, Kt, Kc, V,
+            Qt, Qs, Kt, Kc, _to_blocks(v, Tp, sd).contiguous(),
             dummy if Mb is None else Mb, dummy if Mc is None else Mc,
             dummy if Gf is None else Gf,
             SI, O, LSE,
-            T, H, N, C, float(scale), *vs,
+            N, C, float(scale),
             D=D, BT=BT, QB=QB, HAS_HH=has_hh, HAS_GATE=has_gate,
             PREC=prec, HH16=q.dtype != torch.float32, **opts("fwd"),
         )
@@ -1490,6 +1504,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         else:
             Qt, Kt, Mb, SI, XB = _prepare(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, opts("prep_fwd"), True)
         dSI = SI  # the intra-block logits' gradient overwrites them
+        # the within-chunk scan reads v and dO in place; the scans across chunks, in blocks
         V, *vs = _in_place(v, sd)
         dO, *dos = _in_place(grad_out, sd)
         delta = torch.empty(B, H, Tp, **f32)  # rowsum(dO o O), written by the within-chunk scan
@@ -1519,7 +1534,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         _kernels()[1][(NC * NGw, B * H)](
             Qt, Kt, V, Mb if has_hh else dummy, G, SI, lse, dO, O, delta,
             dQt, dKt, dV, dM, dGrow, dGcol, dKp, dVp, dMp, dGcolp, dSI, RS,
-            torch.tensor(spans, dtype=torch.int32, device=dev),
+            _spans_on(spans, dev),
             T, H, O.stride(1), N, C, NGw, float(scale), *vs, *dos, QB=QBw, ADJ16=adj16, **scan, **opts("within"),
         )
         del RS
@@ -1532,6 +1547,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
 
         # 2. pairs across chunks: queries at their chunk's start, keys at their chunk's end
         if N > C:
+            V = _to_blocks(v, Tp, sd).contiguous()
+            dO = _to_blocks(grad_out, Tp, sd).contiguous()
             if has_hh:
                 Qs, Kc, Mc, PS, SS = _chunk_edges(Qt, Kt, Mb, C, prec, opts("edges_fwd"), save=True)
             else:
@@ -1546,7 +1563,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             _kernels()[4][(NGq, B * H)](
                 Qs, Kc, V, Mc, G, lse, dO, delta,
                 dQs, dMcp, dGrow, RSc,
-                T, H, N, C, NGq, float(scale), *vs, *dos, QB=QB, ADJ16=adj16, **scan, **opts("cross_q"),
+                N, C, NGq, float(scale), QB=QB, ADJ16=adj16, **scan, **opts("cross_q"),
             )
             del RSc
             if has_hh:
@@ -1563,7 +1580,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             _kernels()[5][(NGk, B * H)](
                 Qs, Kc, V, Mc, G, lse, dO, delta,
                 dKc, dV, dGcol, KS,
-                T, H, N, C, NGk, float(scale), *vs, *dos, **scan, **opts("cross_kv"),
+                N, C, NGk, float(scale), **scan, **opts("cross_kv"),
             )
             del KS
             if has_hh:
