@@ -5,7 +5,7 @@ query i and key j <= i is scale * q_i^T H_i ... H_{j+1} k_j + (G_i - G_j) with
 H_t = I - beta_t w_t w_t^T and G = cumsum(log_fgate) (ATTENTION.md). The kernels' own buffers
 are [B, H, T, D]; the within-chunk scan reads v and the output's gradient in place, with their
 strides, the other scans read copies in that layout (in place, the queries-first scan was 10% to
-15% slower at D = 128, results/kernel/variants_v1.log).
+15% slower at D = 128, results/kernel/variants_inplace_spans.log).
 
 Algorithm (blocks of BT tokens grouped in chunks of C blocks; ATTENTION.md "blockwise
 algorithm"). Eight kernels, one launch each; everything accumulates in float32.
