@@ -370,9 +370,26 @@ def _kernels():
         causal = krows[None, :] <= krows[:, None]
 
         DT = KT.dtype.element_ty  # storage / data-dot dtype: float32, or q's 16-bit dtype
-        for ib in range(first + QB * lo, tl.minimum(first + QB * hi, tl.minimum(first + C, N)), QB):
+        DS: tl.constexpr = 64 if D > 64 else D  # rows of dL/dM zeroed at a time
+        start = first + QB * lo
+        end = tl.minimum(first + QB * hi, tl.minimum(first + C, N))  # the program's blocks end there
+        for ib in range(start, end, QB):
             # the previous tile's reads of RS and the partial sums are done
             tl.debug_barrier()
+            # the sums no earlier tile of this program has added to start at zero here: those of
+            # the tile's own blocks and, at the first tile, of the blocks before it (the own
+            # blocks' dV is stored below, not added to)
+            for zb in range(tl.where(ib == start, first, ib), tl.minimum(ib + QB, end)):
+                offs_z = zb * BT + krows
+                tl.store(DK + offs_z[:, None] * D + cols[None, :], tl.zeros([BT, D], dtype=tl.float32))
+                if zb < start:
+                    tl.store(DV + offs_z[:, None] * D + cols[None, :], tl.zeros([BT, D], dtype=tl.float32))
+                if HAS_GATE:
+                    tl.store(DGCOL + offs_z, tl.zeros([BT], dtype=tl.float32))
+                if HAS_HH:
+                    for sl in tl.static_range(D // DS):
+                        tl.store(DM + zb * D * D + (sl * DS + tl.arange(0, DS))[:, None] * D + cols[None, :],
+                                 tl.zeros([DS, D], dtype=tl.float32))
             # each block's own keys, and its delta
             for h in tl.static_range(QB):
                 hb = ib + h
@@ -390,8 +407,7 @@ def _kernels():
                     ds = p * (dp - delta[:, None])
                     tl.debug_barrier()  # DSI may be SI itself: every thread has read its logits
                     tl.store(DSI + si_ptr, ds)
-                    dv_ptr = DV + tile_h
-                    tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
+                    tl.store(DV + tile_h, tl.dot(tl.trans(p.to(DT)), do, input_precision=PREC))
             tl.debug_barrier()  # delta is read back below by other threads
 
             offs_i = ib * BT + rows
@@ -1520,15 +1536,16 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         spans = _within_spans(N, C, QBw, NGw)
         packed = sum(nb for _, _, nb, _ in spans[:-1])  # blocks per head of the other programs' sums
         dQt = torch.empty(B, H, Tp, D, **f32)
-        dKt = torch.zeros(B, H, Tp, D, **f32)
-        dV = torch.zeros(B, H, Tp, D, **f32)
-        dM = torch.zeros(B, H, N, D, D, **f32) if has_hh else dummy
+        # (the scan sets every one of its sums: no zeros here)
+        dKt = torch.empty(B, H, Tp, D, **f32)
+        dV = torch.empty(B, H, Tp, D, **f32)
+        dM = torch.empty(B, H, N, D, D, **f32) if has_hh else dummy
         dGrow = torch.empty(B, H, Tp, **f32)
-        dGcol = torch.zeros(B, H, Tp, **f32)
-        dKp = torch.zeros(B * H * packed * BT * D, **f32) if packed else dummy
-        dVp = torch.zeros(B * H * packed * BT * D, **f32) if packed else dummy
-        dMp = torch.zeros(B * H * packed * D * D, **f32) if packed and has_hh else dummy
-        dGcolp = torch.zeros(B * H * packed * BT, **f32) if packed else dummy
+        dGcol = torch.empty(B, H, Tp, **f32) if has_gate else dummy
+        dKp = torch.empty(B * H * packed * BT * D, **f32) if packed else dummy
+        dVp = torch.empty(B * H * packed * BT * D, **f32) if packed else dummy
+        dMp = torch.empty(B * H * packed * D * D, **f32) if packed and has_hh else dummy
+        dGcolp = torch.empty(B * H * packed * BT, **f32) if packed and has_gate else dummy
         RS = (torch.empty(B * H * (packed + N) * QBw * BT * D, dtype=_hh_dtype(q), device=dev) if has_hh
               else dummy)
         _kernels()[1][(NC * NGw, B * H)](

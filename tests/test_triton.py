@@ -260,6 +260,28 @@ def test_within_chunk_programs_split_the_tiles(N, QB, NG):
     assert max(work) <= sum(work) / NG + QB * (tiles + 1), work
 
 
+@pytest.mark.skipif(CUDA, reason="interpreter settings")
+@pytest.mark.parametrize("one_chunk", [True, False], ids=["one chunk", "chunks"])
+def test_no_buffer_is_read_before_it_is_written(monkeypatch, one_chunk):
+    """Every buffer the kernels use comes from torch.empty, here filled with NaN: a sum that starts
+    from what was there, not from zero, shows. One chunk in two programs, or chunks of two
+    blocks; query blocks in pairs at D = 16; with and without w and the gate."""
+    import pathbench.kernels.triton_path as tp
+
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def filled(x):
+        return x.fill_(float("nan")) if x.is_floating_point() else x
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: filled(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: filled(empty_like(*a, **k)))
+    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,)))
+    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 1000 if one_chunk else 2)
+    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
+    for D, hh, gate in ((16, True, True), (32, True, False), (16, False, True)):
+        check_against_reference(make_inputs(2, 109, 1, D, hh, gate))
+
+
 def test_second_backward_gives_the_same_gradients():
     """The first backward overwrites the kept intra-block logits with their gradient; a second one
     through the same graph (retain_graph) must not read them, and gives the same gradients."""
