@@ -182,8 +182,8 @@ def _kernels():
 
     @triton.jit
     def _load_rows(X, offs, cols, stride_t, T):
-        """Rows offs of one head of a [B, T, H, D] input read in place (X from _head), rows
-        stride_t apart; 0 past its T rows."""
+        """Rows offs of one head of a tensor read in place, rows stride_t apart (v and dO: X from
+        _head; the output: its head's rows); 0 past its T rows."""
         return tl.load(X + offs[:, None] * stride_t + cols[None, :], mask=(offs < T)[:, None], other=0.0)
 
     @triton.jit
@@ -397,7 +397,7 @@ def _kernels():
                     offs_h = hb * BT + krows
                     tile_h = offs_h[:, None] * D + cols[None, :]  # in every [Tp, D] buffer
                     do = _load_rows(DO, offs_h, cols, DOST, T)
-                    o = tl.load(O + offs_h[:, None] * D + cols[None, :], mask=(offs_h < T)[:, None], other=0.0)
+                    o = _load_rows(O, offs_h, cols, D, T)
                     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
                     tl.store(DELTA + offs_h, delta)
                     si_ptr = hb * BT * BT + krows[:, None] * BT + krows[None, :]
