@@ -1007,14 +1007,17 @@ def _kernels():
 INTERPRET_BLOCK = 16
 INTERPRET_CHUNK = 2
 INTERPRET_GROUPS = 1
-MAX_GROUPS = 8
+# Programs a head at most in one backward scan (_num_groups). 16 lets the keys-first scan at
+# D = 128 (4 warps, two programs an SM) fill an H200 with 16 heads: at 16384 tokens it went from
+# 9.07 to 5.61 ms with 16 programs a head instead of 8 (results/kernel/variants_groups.log).
+MAX_GROUPS = 16
 # Tokens a chunk spans on the GPU. Work within chunks grows with their size, carries across
-# chunks with their number; fwd+bwd on the H200 (results/kernel/README.md) was fastest with
-# one chunk up to ONE_CHUNK_TOKENS, chunks of CHUNK_TOKENS up to LONG_TOKENS, and chunks of
-# LONG_CHUNK_TOKENS beyond.
+# chunks with their number; fwd+bwd on the H200 (results/kernel/chunk_probe.log,
+# chunk_probe_groups.log) was fastest with one chunk up to ONE_CHUNK_TOKENS, chunks of
+# CHUNK_TOKENS up to LONG_TOKENS, and chunks of LONG_CHUNK_TOKENS beyond.
 ONE_CHUNK_TOKENS = 1024
 CHUNK_TOKENS = 512
-LONG_TOKENS = 8192
+LONG_TOKENS = 4096
 LONG_CHUNK_TOKENS = 1024
 # The forward alone takes one chunk up to FWD_ONE_CHUNK_TOKENS: its scan within a chunk costs
 # less than the backward's, and one chunk spares it the chunk edges (the backward computes its
@@ -1160,8 +1163,8 @@ def _launch(kernel: str, BT: int, D: int, dtype: torch.dtype, num_warps, num_sta
 
 
 def _num_groups(N: int, BH: int, device: torch.device, num_warps=None) -> int:
-    """Programs per (batch, head) in a cross-chunk backward scan, each owning every NG-th of
-    the N blocks it walks from.
+    """Programs per (batch, head) in a backward scan that shares out N blocks (or query tiles)
+    among them; num_warps is that scan's own launch setting.
 
     The backward's programs use all registers: one of 8 warps (two of 4) fills an SM. NG is
     the count, at most MAX_GROUPS, whose programs fill the last wave of SMs best, the smaller
@@ -1532,7 +1535,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         # (several only when one chunk spans the sequence) with consecutive query tiles; the sums
         # of all but the last are packed, and added to the last one's in program order
         QBw = _query_blocks("within", D)
-        NGw = _num_groups(-(-N // QBw), B * H, dev, num_warps) if NC == 1 else 1
+        NGw = _num_groups(-(-N // QBw), B * H, dev, opts("within").get("num_warps")) if NC == 1 else 1
         spans = _within_spans(N, C, QBw, NGw)
         packed = sum(nb for _, _, nb, _ in spans[:-1])  # blocks per head of the other programs' sums
         dQt = torch.empty(B, H, Tp, D, **f32)
@@ -1573,7 +1576,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             # dQs and dL/dMc (queries first, QB blocks at a time), NGq programs per head with
             # their own partial sums
             QB = _query_blocks("cross_q", D)
-            NGq = _num_groups(-(-(N - C) // QB), B * H, dev, num_warps)
+            NGq = _num_groups(-(-(N - C) // QB), B * H, dev, opts("cross_q").get("num_warps"))
             dQs = torch.zeros(B, H, Tp, D, **f32)
             dMcp = torch.zeros(B, H, NGq, NC, D, D, **f32) if has_hh else dummy
             RSc = torch.empty(B, H, NGq, NC, QB * BT, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
@@ -1591,7 +1594,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
                 dQt += dQs
             del dQs
             # dKc and the rest of dV (keys first)
-            NGk = _num_groups((NC - 1) * C, B * H, dev, num_warps)
+            NGk = _num_groups((NC - 1) * C, B * H, dev, opts("cross_kv").get("num_warps"))
             dKc = torch.zeros(B, H, Tp, D, **f32)
             KS = torch.empty(B, H, NGk, NC, BT, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
             _kernels()[5][(NGk, B * H)](

@@ -260,6 +260,21 @@ def test_within_chunk_programs_split_the_tiles(N, QB, NG):
     assert max(work) <= sum(work) / NG + QB * (tiles + 1), work
 
 
+def test_scan_programs_fill_the_gpu_by_their_own_warps(monkeypatch):
+    """16 heads on 132 SMs: a scan of 4 warps (two programs an SM) takes 16 programs a head, one
+    of 8 warps takes 8; with few blocks to share, no more programs than blocks."""
+    import types
+
+    import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(
+        multi_processor_count=132))
+    gpu = torch.device("cuda", 0)
+    assert tp._num_groups(240, 16, gpu, 4) == 16
+    assert tp._num_groups(240, 16, gpu, 8) == 8
+    assert tp._num_groups(3, 16, gpu, 4) == 3
+
+
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
 @pytest.mark.parametrize("one_chunk", [True, False], ids=["one chunk", "chunks"])
 def test_no_buffer_is_read_before_it_is_written(monkeypatch, one_chunk):
