@@ -1487,8 +1487,8 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
 
 
 def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
-    """Gradients (dq, dk, dv, dw, dbeta, dlog_fgate): dq, dk and dv in q's dtype, the rest in
-    float32 (None where an input is None).
+    """Gradients (dq, dk, dv, dw, dbeta, dlog_fgate): dq and dk in q's dtype, dv in v's dtype and
+    layout, the rest in float32, dlog_fgate in log_fgate's layout (None where an input is None).
     kept: the forward's block-local results, used when its blocks were the backward's; their
     intra-block logits are overwritten with their gradient."""
     B, T, H, D = q.shape
@@ -1610,9 +1610,10 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
                 dKt += dKc
             del dKc, Qs, Kc, Mc
 
-        # 3. the block-local algebra; dv's float32 sums go first, as dv in v's dtype
+        # 3. the block-local algebra; dv's float32 sums go first, as dv in v's dtype and layout
+        # (a gradient in another layout than its input's is copied again by autograd)
         del V, dO, delta, lse
-        dv = dV[:, :, :T].transpose(1, 2).to(v.dtype)
+        dv = torch.empty_like(v).copy_(dV[:, :, :T].transpose(1, 2))
         del dV
         dq = torch.empty(B, T, H, D, **f32)
         dk = torch.empty(B, T, H, D, **f32)
@@ -1643,7 +1644,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         dlf = None
         if has_gate:
             dG = (dGrow + dGcol + dGl)[:, :, :T]  # dL/dG, G = cumsum(log_fgate)
-            dlf = dG.flip(-1).cumsum(-1).flip(-1).transpose(1, 2)
+            dlf = torch.empty_like(log_fgate, dtype=torch.float32)  # in log_fgate's layout
+            dlf.copy_(dG.flip(-1).cumsum(-1).flip(-1).transpose(1, 2))
         if not has_hh:
             dw = dbeta = None
         return dq_out.to(q.dtype), dk_out.to(q.dtype), dv, dw, dbeta, dlf

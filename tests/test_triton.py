@@ -241,6 +241,20 @@ def test_values_and_output_gradient_read_in_place_with_their_strides():
         assert rel(a, b) <= 1e-3, (name, rel(a, b))
 
 
+@pytest.mark.parametrize("heads_first", [False, True], ids=["contiguous v", "v heads first"])
+def test_gradients_come_back_in_their_inputs_layouts(heads_first):
+    """Each gradient has its input's strides, so that autograd keeps it without a copy: q, k, w,
+    beta and the gate contiguous, v contiguous or with heads outermost (as a transposed view's),
+    T a block multiple."""
+    q, k, v, w, beta, lf = make_inputs(2, 32, 3, 16, True, True, seed=4)
+    if heads_first:
+        v = v.transpose(1, 2).contiguous().transpose(1, 2)
+    inputs = [q, k, v, w, beta, lf]
+    _, g = grads(path_attention_triton, inputs, torch.randn(2, 32, 3, 16, device=DEV))
+    for name, x, gx in zip("q k v w beta log_fgate".split(), inputs, g):
+        assert gx.stride() == x.stride(), (name, gx.stride(), x.stride())
+
+
 @pytest.mark.parametrize("N, QB, NG", [(12, 2, 2), (16, 2, 8), (7, 2, 2), (7, 1, 3), (40, 1, 8), (5, 1, 5)])
 def test_within_chunk_programs_split_the_tiles(N, QB, NG):
     """One chunk's programs take every query tile once, in order; each other program's sums
