@@ -1,5 +1,6 @@
 """fwd+bwd ms and peak MB of the Triton kernel with the backward in one chunk and in chunks of
-256, 512, 1024 and 2048 tokens, at every benchmark shape, bfloat16 q/k/v (output: chunk_probe.log).
+256, 512, 1024 and 2048 tokens, at every benchmark shape whose head size takes chunks (64 and
+128), bfloat16 q/k/v (output: chunk_probe.log).
 
 Run on a GPU from the repository root: `python3 results/kernel/chunk_probe.py > chunk_probe.log`.
 Each line: {chunk tokens ("one" = the whole sequence as one chunk): [ms, MB]}, one line per shape
@@ -23,7 +24,7 @@ if "SHAPES" in os.environ:
 if "SIZES" in os.environ:
     SIZES = tuple(map(int, os.environ["SIZES"].split(",")))
 
-for rep in (1, 2):
+for pass_no in (1, 2):
     for D, T, H, B in SHAPES:
         args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
         _, fwd_bwd, leaves = _fns("ours", args, D ** -0.5)
@@ -44,4 +45,4 @@ for rep in (1, 2):
                     x.grad = None
             except Exception as e:
                 row[tokens or "one"] = repr(e)[:80]
-        print(json.dumps({"pass": rep, "D": D, "T": T, "H": H, "B": B, "ms_mb": row}), flush=True)
+        print(json.dumps({"pass": pass_no, "D": D, "T": T, "H": H, "B": B, "ms_mb": row}), flush=True)
