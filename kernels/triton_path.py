@@ -1567,8 +1567,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
 
         # 2. pairs across chunks: queries at their chunk's start, keys at their chunk's end
         if N > C:
-            V = _to_blocks(v, Tp, sd).contiguous()
-            dO = _to_blocks(grad_out, Tp, sd).contiguous()
+            V = _to_blocks(V, Tp, sd).contiguous()  # V and dO are in sd already: one cast at most
+            dO = _to_blocks(dO, Tp, sd).contiguous()
             if has_hh:
                 Qs, Kc, Mc, PS, SS = _chunk_edges(Qt, Kt, Mb, C, prec, opts("edges_fwd"), save=True)
             else:
