@@ -843,6 +843,8 @@ def _kernels():
                 u = tl.dot(tl.load(XS + si, volatile=True), w * beta[:, None], input_precision=XPREC)
                 dL = tl.dot(P2, tl.trans(u), acc=dL, input_precision=PREC)
                 dQW -= tl.dot(dqt, tl.trans(u), input_precision=PREC)
+                if NS == 1:  # dQW is complete (QW = tril(Q W^T)): dW takes dQW^T Q before its store
+                    dQW = tl.where(lower, tl.load(DQWK + si) + dQW, 0.0)
                 for r in tl.static_range(NS):  # dW's slab r: -U_c (dM's block (r, c))^T
                     dw = -tl.dot(u, tl.trans(tl.load(DP + dpi + (r * DS * D + c * DS), volatile=True)),
                                  input_precision=PREC)
@@ -850,16 +852,20 @@ def _kernels():
                         dw += P2 * beta[:, None]
                     if c > 0:
                         dw += tl.load(DW + src + r * DS, mask=m2, other=0.0)
+                    if NS == 1:
+                        dw = tl.dot(tl.trans(dQW), _load_f32(Q, src, m2), acc=dw, input_precision=PREC)
                     tl.store(DW + src + r * DS, dw, mask=m2)
             tl.store(DBETA + bt, tl.load(DBETA + bt, mask=valid, other=0.0) + db, mask=valid)
             tl.store(DSI + si, tl.load(DSI + si) - dL)
-            # dQW is complete (QW = tril(Q W^T)): dW += dQW^T Q, dQ += dQW W
-            dQW = tl.where(lower, tl.load(DQWK + si) + dQW, 0.0)
-            tl.debug_barrier()  # dW is read back by other threads
+            if NS > 1:  # dQW is complete: dW += dQW^T Q, slab by slab (registers)
+                dQW = tl.where(lower, tl.load(DQWK + si) + dQW, 0.0)
+                tl.debug_barrier()  # dW is read back by other threads
+                for c in tl.static_range(NS):
+                    dw = tl.load(DW + src + c * DS, mask=m2, other=0.0)
+                    tl.store(DW + src + c * DS, tl.dot(tl.trans(dQW), _load_f32(Q, src + c * DS, m2), acc=dw,
+                                                       input_precision=PREC), mask=m2)
+            # dQ += dQW W
             for c in tl.static_range(NS):
-                dw = tl.load(DW + src + c * DS, mask=m2, other=0.0)
-                tl.store(DW + src + c * DS, tl.dot(tl.trans(dQW), _load_f32(Q, src + c * DS, m2), acc=dw,
-                                                   input_precision=PREC), mask=m2)
                 dq = tl.load(DQ + src + c * DS, mask=m2, other=0.0)
                 tl.store(DQO + src + c * DS, tl.dot(dQW, _load_f32(W, src + c * DS, m2), acc=dq, input_precision=PREC),
                          mask=m2)
@@ -879,16 +885,20 @@ def _kernels():
                 db += tl.sum(dR * M2, 1)
                 dL -= tl.dot(M2, tl.trans(P3), input_precision=PREC)
                 dWK -= tl.dot(M2 * beta[:, None], tl.trans(dkt), input_precision=PREC)
-                tl.store(DW + src + c * DS, tl.load(DW + src + c * DS, mask=m2, other=0.0) + P3, mask=m2)
+                if NS > 1:  # where the head is one slab, P3 joins dW's other terms below
+                    tl.store(DW + src + c * DS, tl.load(DW + src + c * DS, mask=m2, other=0.0) + P3, mask=m2)
             # dL and dWK are complete: L = strictly_lower(diag(b) W W^T), WK = strictly_lower(W K^T)
             dL = tl.where(strict, tl.load(DSI + si) + dL, 0.0)
             dWK = tl.where(strict, tl.load(DQWK + si_t) + dWK, 0.0)
             db += tl.sum(dL * _dot_rows(W, W, src, m2, BT, DS, NS, PREC), 1)
             tl.store(DBETA + bt, tl.load(DBETA + bt, mask=valid, other=0.0) + db, mask=valid)
             dLb = dL * beta[:, None]
-            tl.debug_barrier()  # dW is read back by other threads
+            if NS > 1:
+                tl.debug_barrier()  # dW is read back by other threads
             for c in tl.static_range(NS):
                 dw = tl.load(DW + src + c * DS, mask=m2, other=0.0)
+                if NS == 1:
+                    dw += P3
                 dw = tl.dot(dLb, _load_f32(W, src + c * DS, m2), acc=dw, input_precision=PREC)
                 dw = tl.dot(tl.trans(dLb), _load_f32(W, src + c * DS, m2), acc=dw, input_precision=PREC)
                 dw = tl.dot(dWK, _load_f32(K, src + c * DS, m2), acc=dw, input_precision=PREC)
@@ -1091,7 +1101,10 @@ _FLOAT32_CONFIGS = {("bwd", 128): [(32, 4, 1), (16, 4, 1)]}
 # (QUERY_PAIRS) were timed again with them (variants_within.log, variants_fwd_pairs.log): the
 # within-chunk scan at D = 64 with (8, 2), 2.84 ms against 3.32 with (8, 1) and 4.04 with (4, 2),
 # for 16K tokens of 32 heads; the forward at D = 128 with (8, 2), 3.48 ms against 3.82 with
-# (8, 1) at 16384 tokens of 16 heads.
+# (8, 1) at 16384 tokens of 16 heads. With as many programs as 4-warp scans fill (_num_groups),
+# single blocks with 4 warps at D = 128 stayed slower (variants_launch128.log, 16K tokens of 16
+# heads): the queries-first scan 1.83 ms with (4, 2) against 1.74 in pairs at 4096 tokens, the
+# within-chunk scan 4.76 with (4, 1) against 3.64 in pairs at 1024.
 _KERNEL_LAUNCH_64 = {
     64: {"prep_fwd": (4, 2), "fwd": (4, 2), "edges_fwd": (4, 2), "within": (8, 2),
          "cross_q": (4, 3), "cross_kv": (4, 3), "edges_bwd": (4, 2), "prep_bwd": (4, 1)},
