@@ -4,7 +4,8 @@ one forward+backward, and the call's times and peak memory, at the benchmark's s
 Run on a GPU from the repository root: `python3 results/kernel/kernel_resources.py > resources.log`.
 Registers and spills come from the compiled kernels (triton's n_regs and n_spills, per thread),
 one entry per distinct launch of a kernel (the preprocessing backward's parts, the chunk edges'
-two sides); times from the profiler (mean of three calls, all launches of a kernel together).
+two sides); times from the profiler (mean of three calls, all launches of a kernel together,
+and the preprocessing backward's part by part).
 """
 
 import json
@@ -58,17 +59,23 @@ def measure(D, T, H, B):
         x.grad = None
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
+            for x in leaves:  # as in do_bench: no gradient accumulation among the torch operations
+                x.grad = None
             fwd_bwd()
         torch.cuda.synchronize()
-    per_kernel, other = {}, 0.0
-    for e in prof.events():
+    per_kernel, parts, other = {}, [], 0.0
+    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
         if e.device_type == torch.autograd.DeviceType.CUDA:
             name = NAMES.get(e.name)
             if name:
                 per_kernel[name] = per_kernel.get(name, 0.0) + e.device_time / 3e3
+                if name == "prep_bwd":
+                    parts.append(e.device_time)
             else:
                 other += e.device_time / 3e3
+    n = len(parts) // 3  # the preprocessing backward's launches a call, in part order
     return dict(fwd_ms=round(ms_fwd, 3), fwd_bwd_ms=round(ms, 3), peak_mb=round(peak), torch_ops_ms=round(other, 3),
+                prep_bwd_parts_ms=[round(sum(parts[i::n]) / 3e3, 3) for i in range(n)],
                 kernel_ms={name: round(t, 3) for name, t in per_kernel.items()})
 
 
