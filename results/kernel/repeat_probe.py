@@ -1,5 +1,6 @@
 """How much the fwd+bwd ratio ours / fla-core moves from one timing to the next on one machine:
-ours and fla-core timed in turn, ROUNDS times, at the shapes where the two are within 10%.
+ours and fla-core timed in turn, ROUNDS times, at the shape of each head size where the two are
+closest (D = 64, T = 1024; D = 128, T = 16384) and at D = 128, T = 2048.
 
 Run on a GPU from the repository root, with fla-core installed:
 `python3 results/kernel/repeat_probe.py > repeat.log`. Each timing is a do_bench median, as in
