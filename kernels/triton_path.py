@@ -25,7 +25,8 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
        M  = I - W^T U             the block's product, stored dense (D x D) in float32
             (float16 for 16-bit inputs, the precision of the carries' dots)
    Qt and Kt are stored in the data dtype. A dense M makes each carry one [BT, D] x [D, D]
-   product instead of two [BT, BT, D] ones.
+   product instead of two [BT, BT, D] ones. With 16-bit inputs at HALF_BLOCK_HEAD_DIMS the
+   products after the inversion take float16 operands.
 2. Chunk edges (_edges_fwd_kernel, one program per (chunk, batch*head); chunk_edges_reference
    is the same in torch). Per chunk of blocks 0..C-1: the queries moved to the chunk's start
    Qs_b = Qt_b M_{b-1} ... M_0, the keys moved to its end Kc_b = Kt_b M_{b+1}^T ... M_{C-1}^T,
@@ -66,6 +67,8 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
       go back into dQt, dKt and dM through the adjoints of P_b and S_b, from the P_b and S_b
       that the backward's chunk edges stored; the queries' side right after scan b, the keys'
       side after scan c, so that each side's buffers are freed before the next are allocated.
+      With 16-bit inputs at HALF_BLOCK_HEAD_DIMS it takes float16 operands, the adjoints scaled
+      into float16's range, and the whole head at once.
    Partial sums that several programs make (dMc; dV, dKt, dM within a chunk when it has NG
    programs: the last program's are the sums, the others' cover the blocks up to their last
    query block) live in buffers per program and are summed in torch in a fixed order: gradients
@@ -74,7 +77,9 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
    take one of the products with X below; [BT, D] tiles in column slabs of at most 64), from
    dQt, dKt, dS (the intra-block logits' gradient) and dM, with the block inverse X. The
    backward uses the forward's preprocessing results (Qt, Kt, M, the logits, X), kept for it, or
-   runs the preprocessing again when they were not kept. With ds = scale dS:
+   runs the preprocessing again when they were not kept. With 16-bit inputs at
+   HALF_BLOCK_HEAD_DIMS every product takes float16 operands, each gradient tile scaled into
+   float16's range by a power of two (_scaled). With ds = scale dS:
        dQ = dQt + ds K,  dK = dKt + ds^T Q
        dU = -QW^T dQt - W dM,   dW = -U dM^T           (M = I - W^T U; Qt = Q - QW U)
        dE = -QW^T ds,   dR = -WK dKt                    (S term -QW E; Kt = K - WK^T R)
@@ -121,7 +126,7 @@ def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
     # the helpers are module globals: kernels look names up there
     global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _query_tile, _load_f32, _dot_rows, \
-        _head, _load_rows
+        _head, _load_rows, _operand, _load_op, _scaled
     if _KERNELS is not None:
         return _KERNELS
 
@@ -148,15 +153,9 @@ def _kernels():
 
         With ADJ16 (16-bit inputs only: r and M are float16 there) the products take float16
         operands, tf32's mantissa in half the registers and shared memory: dr is scaled into
-        float16's range by a power of two that is taken out of the float32 results again."""
+        float16's range (_scaled)."""
         if ADJ16:
-            # the largest |dr| is 2^e times 1.x; up = 2^(14 - e) brings it to [2^14, 2^15), from
-            # the float32 bits (exact); a negligible dr (e < -113) is 0 in float16's range anyway
-            top = tl.max(tl.max(tl.abs(dr), 1), 0)
-            e = tl.maximum((top.to(tl.int32, bitcast=True) >> 23) - 127, -113)
-            up = ((141 - e) << 23).to(tl.float32, bitcast=True)
-            down = ((113 + e) << 23).to(tl.float32, bitcast=True)
-            drs = (dr * up).to(tl.float16)
+            drs, down = _scaled(dr, True)
         DS: tl.constexpr = 64 if D > 64 else D
         slab = tl.arange(0, DS)
         for sl in tl.static_range(D // DS):
@@ -205,13 +204,44 @@ def _kernels():
         return tl.load(ptr + offs, mask=mask, other=0.0, volatile=True).to(tl.float32)
 
     @triton.jit
-    def _dot_rows(A, B, offs, mask, BT: tl.constexpr, DS: tl.constexpr, NS: tl.constexpr, PREC: tl.constexpr):
+    def _operand(x, HALF: tl.constexpr):
+        """x as a product's operand: in float16 with HALF, else as is. For data of 16-bit inputs
+        (not gradients, _scaled): their block products are stored in float16 too."""
+        if HALF:
+            return x.to(tl.float16)
+        else:
+            return x
+
+    @triton.jit
+    def _load_op(ptr, offs, mask, HALF: tl.constexpr):
+        """A [BT, D] tile of a [B, T, H, D] input as a product's operand (_load_f32, _operand)."""
+        return _operand(_load_f32(ptr, offs, mask), HALF)
+
+    @triton.jit
+    def _scaled(g, HALF: tl.constexpr):
+        """A gradient tile as a product's operand, and the factor that takes the scale out of its
+        products again. With HALF: g times the power of two that brings its largest |g| into
+        [2^14, 2^15), in float16 (tf32's mantissa, in half the registers, at twice the rate);
+        gradients have no fixed scale, so unscaled they could leave float16's range. The factors
+        come from the float32 bits (exact); a tile below 2^-113 is 0 in float16 anyway."""
+        if HALF:
+            top = tl.max(tl.max(tl.abs(g), 1), 0)
+            e = tl.maximum((top.to(tl.int32, bitcast=True) >> 23) - 127, -113)
+            up = ((141 - e) << 23).to(tl.float32, bitcast=True)
+            down = ((113 + e) << 23).to(tl.float32, bitcast=True)
+            return (g * up).to(tl.float16), down
+        else:
+            return g, 1.0
+
+    @triton.jit
+    def _dot_rows(A, B, offs, mask, BT: tl.constexpr, DS: tl.constexpr, NS: tl.constexpr, HALF: tl.constexpr,
+                  PREC: tl.constexpr):
         """A B^T in float32 for two [BT, D] tiles of [B, T, H, D] inputs, from their NS column
-        slabs of DS (slab c at offs + c * DS)."""
+        slabs of DS (slab c at offs + c * DS), float16 operands with HALF."""
         acc = tl.zeros([BT, BT], dtype=tl.float32)
         for c in tl.static_range(NS):
-            acc = tl.dot(_load_f32(A, offs + c * DS, mask), tl.trans(_load_f32(B, offs + c * DS, mask)), acc=acc,
-                         input_precision=PREC)
+            acc = tl.dot(_load_op(A, offs + c * DS, mask, HALF), tl.trans(_load_op(B, offs + c * DS, mask, HALF)),
+                         acc=acc, input_precision=PREC)
         return acc
 
     @triton.jit
@@ -639,7 +669,7 @@ def _kernels():
         T, H, N, scale,
         D: tl.constexpr, BT: tl.constexpr,
         HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HPREC: tl.constexpr,
-        SAVE_X: tl.constexpr, XPREC: tl.constexpr,
+        SAVE_X: tl.constexpr, XPREC: tl.constexpr, HALF: tl.constexpr,
     ):
         ib = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
@@ -700,16 +730,17 @@ def _kernels():
             WK = tl.zeros([BT, BT], dtype=tl.float32)  # W K^T
             for c in tl.static_range(D // DS):
                 src_c = t[:, None] * (H * D) + c * DS + slab[None, :]
-                q = tl.load(Q + src_c, mask=m2, other=0.0).to(tl.float32)
-                k = tl.load(K + src_c, mask=m2, other=0.0).to(tl.float32)
-                w = tl.load(W + src_c, mask=m2, other=0.0).to(tl.float32)
+                q = _load_op(Q, src_c, m2, HALF)
+                k = _load_op(K, src_c, m2, HALF)
+                w = _load_op(W, src_c, m2, HALF)
                 s = tl.dot(q, tl.trans(k), acc=s, input_precision=PREC)
                 QW = tl.dot(q, tl.trans(w), acc=QW, input_precision=PREC)
                 WK = tl.dot(w, tl.trans(k), acc=WK, input_precision=PREC)
             QW = tl.where(rows[None, :] <= rows[:, None], QW, 0.0)
             WK = tl.where(rows[:, None] > rows[None, :], WK, 0.0)
             # intra-block logits: S = Q K^T - QW E, E = X diag(beta) WK
-            s = s - tl.dot(QW, tl.dot(X, WK * beta[:, None], input_precision=PREC), input_precision=PREC)
+            E = tl.dot(_operand(X, HALF), _operand(WK * beta[:, None], HALF), input_precision=PREC)
+            s = s - tl.dot(_operand(QW, HALF), _operand(E, HALF), input_precision=PREC)
             s = s * scale
             if HAS_GATE:
                 g = tl.load(G + bh * Tp + t)
@@ -718,18 +749,21 @@ def _kernels():
             # per column slab: U = X diag(beta) W, R = diag(beta) X^T W, the queries moved to the
             # block start Qt = Q - QW U, the keys moved to its end Kt = K - WK^T R, and the
             # column slab of the block's product M = I - W^T U, in row slabs
+            QW = _operand(QW, HALF)
+            WK = _operand(WK, HALF)
             for c in tl.static_range(D // DS):
                 src_c = t[:, None] * (H * D) + c * DS + slab[None, :]
                 dst_c = t[:, None] * D + c * DS + slab[None, :]
-                w = tl.load(W + src_c, mask=m2, other=0.0).to(tl.float32)
-                u = tl.dot(X, w * beta[:, None], input_precision=HPREC)
-                q = tl.load(Q + src_c, mask=m2, other=0.0).to(tl.float32)
+                w = _load_f32(W, src_c, m2)
+                u = _operand(tl.dot(_operand(X, HALF), _operand(w * beta[:, None], HALF), input_precision=HPREC), HALF)
+                q = _load_f32(Q, src_c, m2)
                 tl.store(QT + dst_c, (q - tl.dot(QW, u, input_precision=PREC)).to(QT.dtype.element_ty))
-                r = tl.dot(tl.trans(X), w, input_precision=HPREC) * beta[:, None]
-                k = tl.load(K + src_c, mask=m2, other=0.0).to(tl.float32)
-                tl.store(KT + dst_c, (k - tl.dot(tl.trans(WK), r, input_precision=PREC)).to(KT.dtype.element_ty))
+                r = tl.dot(tl.trans(_operand(X, HALF)), _operand(w, HALF), input_precision=HPREC) * beta[:, None]
+                k = _load_f32(K, src_c, m2)
+                tl.store(KT + dst_c, (k - tl.dot(tl.trans(WK), _operand(r, HALF), input_precision=PREC))
+                         .to(KT.dtype.element_ty))
                 for rs in tl.static_range(D // DS):
-                    ws = tl.load(W + t[:, None] * (H * D) + rs * DS + slab[None, :], mask=m2, other=0.0).to(tl.float32)
+                    ws = _load_op(W, t[:, None] * (H * D) + rs * DS + slab[None, :], m2, HALF)
                     eye = tl.where((rs * DS + slab)[:, None] == (c * DS + slab)[None, :], 1.0, 0.0)
                     mb = eye - tl.dot(tl.trans(ws), u, input_precision=HPREC)
                     tl.store(MB + (bh * N + ib) * D * D + (rs * DS + slab)[:, None] * D + c * DS + slab[None, :],
@@ -741,7 +775,7 @@ def _kernels():
         DQ, DK, DQO, DKO, DW, DBETA, DGL,
         T, H, N, scale,
         D: tl.constexpr, BT: tl.constexpr, PART: tl.constexpr,
-        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, XPREC: tl.constexpr,
+        HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, XPREC: tl.constexpr, HALF: tl.constexpr,
     ):
         # One of three launches, each grouped around one product with X (the block inverse that
         # the preprocessing stored in XS), so that few [BT, BT] and [BT, D] matrices are live at
@@ -800,112 +834,121 @@ def _kernels():
             ds = tl.where(lower, tl.load(DSI + si), 0.0)
             if HAS_GATE:
                 tl.store(DGL + t, tl.sum(ds, 1) - tl.sum(ds, 0))
-            ds = ds * scale
+            ds, ds_down = _scaled(ds * scale, HALF)
             # without w, dQ and dK are complete here
             dq_at = DQ if HAS_HH else DQO
             dk_at = DK if HAS_HH else DKO
             for c in tl.static_range(NS):
                 dq = tl.load(DQT + dst + c * DS)
-                tl.store(dq_at + src + c * DS, tl.dot(ds, _load_f32(K, src + c * DS, m2), acc=dq, input_precision=PREC),
-                         mask=m2)
+                tl.store(dq_at + src + c * DS,
+                         dq + ds_down * tl.dot(ds, _load_op(K, src + c * DS, m2, HALF), input_precision=PREC), mask=m2)
                 dk = tl.load(DKT + dst + c * DS)
-                tl.store(dk_at + src + c * DS, tl.dot(tl.trans(ds), _load_f32(Q, src + c * DS, m2), acc=dk,
-                                                      input_precision=PREC), mask=m2)
+                tl.store(dk_at + src + c * DS,
+                         dk + ds_down * tl.dot(tl.trans(ds), _load_op(Q, src + c * DS, m2, HALF), input_precision=PREC),
+                         mask=m2)
             if HAS_HH:
                 # E = X diag(b) WK, dE = -QW^T ds, P1 = X^T dE
-                QW = tl.where(lower, _dot_rows(Q, W, src, m2, BT, DS, NS, PREC), 0.0)
-                WK = tl.where(strict, _dot_rows(W, K, src, m2, BT, DS, NS, PREC), 0.0)
-                dE = -tl.dot(tl.trans(QW), ds, input_precision=PREC)
-                E = tl.dot(tl.load(XS + si, volatile=True), WK * beta[:, None], input_precision=PREC)
-                tl.store(DQWK + si, -tl.dot(ds, tl.trans(E), input_precision=PREC), mask=lower)
-                P1 = tl.dot(tl.trans(tl.load(XS + si, volatile=True)), dE, input_precision=PREC)
+                QW = tl.where(lower, _dot_rows(Q, W, src, m2, BT, DS, NS, HALF, PREC), 0.0)
+                WK = tl.where(strict, _dot_rows(W, K, src, m2, BT, DS, NS, HALF, PREC), 0.0)
+                dE, dE_down = _scaled(-ds_down * tl.dot(tl.trans(_operand(QW, HALF)), ds, input_precision=PREC), HALF)
+                E = _operand(tl.dot(_operand(tl.load(XS + si, volatile=True), HALF), _operand(WK * beta[:, None], HALF),
+                                    input_precision=PREC), HALF)
+                tl.store(DQWK + si, -ds_down * tl.dot(ds, tl.trans(E), input_precision=PREC), mask=lower)
+                P1 = dE_down * tl.dot(tl.trans(_operand(tl.load(XS + si, volatile=True), HALF)), dE, input_precision=PREC)
                 tl.store(DBETA + bt, tl.sum(P1 * WK, 1), mask=valid)
                 tl.store(DQWK + si_t, P1 * beta[:, None], mask=strict)
+                P1, P1_down = _scaled(P1, HALF)
                 tl.debug_barrier()  # every thread has read its intra-block gradients
-                tl.store(DSI + si, -tl.dot(P1, tl.trans(E), input_precision=PREC))
+                tl.store(DSI + si, -P1_down * tl.dot(P1, tl.trans(E), input_precision=PREC))
         elif PART == 1:
             # U = X diag(b) W, dU = -QW^T dQt - W dM, P2 = X^T dU, and dW = diag(b) P2 - U dM^T:
             # their columns go in slabs of at most 64, and dM in blocks (registers), so no [BT, D]
             # or [D, D] tile is held whole
-            QW = tl.where(lower, _dot_rows(Q, W, src, m2, BT, DS, NS, PREC), 0.0)
+            QW = _operand(tl.where(lower, _dot_rows(Q, W, src, m2, BT, DS, NS, HALF, PREC), 0.0), HALF)
             dL = tl.zeros([BT, BT], dtype=tl.float32)
             dQW = tl.zeros([BT, BT], dtype=tl.float32)
             db = tl.zeros([BT], dtype=tl.float32)
             for c in tl.static_range(NS):
-                dqt = tl.load(DQT + dst + c * DS)
-                du = -tl.dot(tl.trans(QW), dqt, input_precision=PREC)
+                dqt, dqt_down = _scaled(tl.load(DQT + dst + c * DS), HALF)
+                du = -dqt_down * tl.dot(tl.trans(QW), dqt, input_precision=PREC)
                 for r in tl.static_range(NS):
-                    du -= tl.dot(_load_f32(W, src + r * DS, m2),
-                                 tl.load(DP + dpi + (r * DS * D + c * DS), volatile=True), input_precision=PREC)
-                P2 = tl.dot(tl.trans(tl.load(XS + si, volatile=True)), du, input_precision=PREC)
+                    dm, dm_down = _scaled(tl.load(DP + dpi + (r * DS * D + c * DS), volatile=True), HALF)
+                    du -= dm_down * tl.dot(_load_op(W, src + r * DS, m2, HALF), dm, input_precision=PREC)
+                du, du_down = _scaled(du, HALF)
+                P2 = du_down * tl.dot(tl.trans(_operand(tl.load(XS + si, volatile=True), HALF)), du, input_precision=PREC)
                 w = _load_f32(W, src + c * DS, m2)
                 db += tl.sum(P2 * w, 1)
-                u = tl.dot(tl.load(XS + si, volatile=True), w * beta[:, None], input_precision=XPREC)
-                dL = tl.dot(P2, tl.trans(u), acc=dL, input_precision=PREC)
-                dQW -= tl.dot(dqt, tl.trans(u), input_precision=PREC)
+                u = _operand(tl.dot(_operand(tl.load(XS + si, volatile=True), HALF), _operand(w * beta[:, None], HALF),
+                                    input_precision=XPREC), HALF)
+                P2s, P2_down = _scaled(P2, HALF)
+                dL += P2_down * tl.dot(P2s, tl.trans(u), input_precision=PREC)
+                dQW -= dqt_down * tl.dot(dqt, tl.trans(u), input_precision=PREC)
                 if NS == 1:  # dQW is complete (QW = tril(Q W^T)): dW takes dQW^T Q before its store
                     dQW = tl.where(lower, tl.load(DQWK + si) + dQW, 0.0)
+                    dQWs, dQW_down = _scaled(dQW, HALF)
                 for r in tl.static_range(NS):  # dW's slab r: -U_c (dM's block (r, c))^T
-                    dw = -tl.dot(u, tl.trans(tl.load(DP + dpi + (r * DS * D + c * DS), volatile=True)),
-                                 input_precision=PREC)
+                    dm, dm_down = _scaled(tl.load(DP + dpi + (r * DS * D + c * DS), volatile=True), HALF)
+                    dw = -dm_down * tl.dot(u, tl.trans(dm), input_precision=PREC)
                     if r == c:
                         dw += P2 * beta[:, None]
                     if c > 0:
                         dw += tl.load(DW + src + r * DS, mask=m2, other=0.0)
                     if NS == 1:
-                        dw = tl.dot(tl.trans(dQW), _load_f32(Q, src, m2), acc=dw, input_precision=PREC)
+                        dw += dQW_down * tl.dot(tl.trans(dQWs), _load_op(Q, src, m2, HALF), input_precision=PREC)
                     tl.store(DW + src + r * DS, dw, mask=m2)
             tl.store(DBETA + bt, tl.load(DBETA + bt, mask=valid, other=0.0) + db, mask=valid)
             tl.store(DSI + si, tl.load(DSI + si) - dL)
             if NS > 1:  # dQW is complete: dW += dQW^T Q, slab by slab (registers)
-                dQW = tl.where(lower, tl.load(DQWK + si) + dQW, 0.0)
+                dQWs, dQW_down = _scaled(tl.where(lower, tl.load(DQWK + si) + dQW, 0.0), HALF)
                 tl.debug_barrier()  # dW is read back by other threads
                 for c in tl.static_range(NS):
                     dw = tl.load(DW + src + c * DS, mask=m2, other=0.0)
-                    tl.store(DW + src + c * DS, tl.dot(tl.trans(dQW), _load_f32(Q, src + c * DS, m2), acc=dw,
-                                                       input_precision=PREC), mask=m2)
+                    dw += dQW_down * tl.dot(tl.trans(dQWs), _load_op(Q, src + c * DS, m2, HALF), input_precision=PREC)
+                    tl.store(DW + src + c * DS, dw, mask=m2)
             # dQ += dQW W
             for c in tl.static_range(NS):
                 dq = tl.load(DQ + src + c * DS, mask=m2, other=0.0)
-                tl.store(DQO + src + c * DS, tl.dot(dQW, _load_f32(W, src + c * DS, m2), acc=dq, input_precision=PREC),
-                         mask=m2)
+                dq += dQW_down * tl.dot(dQWs, _load_op(W, src + c * DS, m2, HALF), input_precision=PREC)
+                tl.store(DQO + src + c * DS, dq, mask=m2)
         else:
             # R = diag(b) M2 with M2 = X^T W, dR = -WK dKt, P3 = X diag(b) dR: column slabs, as in
             # part 1
-            WK = tl.where(strict, _dot_rows(W, K, src, m2, BT, DS, NS, PREC), 0.0)
+            WK = tl.where(strict, _dot_rows(W, K, src, m2, BT, DS, NS, HALF, PREC), 0.0)
             dL = tl.zeros([BT, BT], dtype=tl.float32)
             dWK = tl.zeros([BT, BT], dtype=tl.float32)
             db = tl.zeros([BT], dtype=tl.float32)
             for c in tl.static_range(NS):
-                dkt = tl.load(DKT + dst + c * DS)
-                dR = -tl.dot(WK, dkt, input_precision=PREC)
-                P3 = tl.dot(tl.load(XS + si, volatile=True), dR * beta[:, None], input_precision=PREC)
-                M2 = tl.dot(tl.trans(tl.load(XS + si, volatile=True)), _load_f32(W, src + c * DS, m2),
+                dkt, dkt_down = _scaled(tl.load(DKT + dst + c * DS), HALF)
+                dR = -dkt_down * tl.dot(_operand(WK, HALF), dkt, input_precision=PREC)
+                dRb, dRb_down = _scaled(dR * beta[:, None], HALF)
+                P3 = dRb_down * tl.dot(_operand(tl.load(XS + si, volatile=True), HALF), dRb, input_precision=PREC)
+                M2 = tl.dot(tl.trans(_operand(tl.load(XS + si, volatile=True), HALF)), _load_op(W, src + c * DS, m2, HALF),
                             input_precision=XPREC)
                 db += tl.sum(dR * M2, 1)
-                dL -= tl.dot(M2, tl.trans(P3), input_precision=PREC)
-                dWK -= tl.dot(M2 * beta[:, None], tl.trans(dkt), input_precision=PREC)
+                P3s, P3_down = _scaled(P3, HALF)
+                dL -= P3_down * tl.dot(_operand(M2, HALF), tl.trans(P3s), input_precision=PREC)
+                dWK -= dkt_down * tl.dot(_operand(M2 * beta[:, None], HALF), tl.trans(dkt), input_precision=PREC)
                 if NS > 1:  # where the head is one slab, P3 joins dW's other terms below
                     tl.store(DW + src + c * DS, tl.load(DW + src + c * DS, mask=m2, other=0.0) + P3, mask=m2)
             # dL and dWK are complete: L = strictly_lower(diag(b) W W^T), WK = strictly_lower(W K^T)
             dL = tl.where(strict, tl.load(DSI + si) + dL, 0.0)
-            dWK = tl.where(strict, tl.load(DQWK + si_t) + dWK, 0.0)
-            db += tl.sum(dL * _dot_rows(W, W, src, m2, BT, DS, NS, PREC), 1)
+            dWK, dWK_down = _scaled(tl.where(strict, tl.load(DQWK + si_t) + dWK, 0.0), HALF)
+            db += tl.sum(dL * _dot_rows(W, W, src, m2, BT, DS, NS, HALF, PREC), 1)
             tl.store(DBETA + bt, tl.load(DBETA + bt, mask=valid, other=0.0) + db, mask=valid)
-            dLb = dL * beta[:, None]
+            dLb, dLb_down = _scaled(dL * beta[:, None], HALF)
             if NS > 1:
                 tl.debug_barrier()  # dW is read back by other threads
             for c in tl.static_range(NS):
                 dw = tl.load(DW + src + c * DS, mask=m2, other=0.0)
                 if NS == 1:
                     dw += P3
-                dw = tl.dot(dLb, _load_f32(W, src + c * DS, m2), acc=dw, input_precision=PREC)
-                dw = tl.dot(tl.trans(dLb), _load_f32(W, src + c * DS, m2), acc=dw, input_precision=PREC)
-                dw = tl.dot(dWK, _load_f32(K, src + c * DS, m2), acc=dw, input_precision=PREC)
+                w = _load_op(W, src + c * DS, m2, HALF)
+                dw += dLb_down * (tl.dot(dLb, w, input_precision=PREC) + tl.dot(tl.trans(dLb), w, input_precision=PREC))
+                dw += dWK_down * tl.dot(dWK, _load_op(K, src + c * DS, m2, HALF), input_precision=PREC)
                 tl.store(DW + src + c * DS, dw, mask=m2)
                 dk = tl.load(DK + src + c * DS, mask=m2, other=0.0)
-                tl.store(DKO + src + c * DS, tl.dot(tl.trans(dWK), _load_f32(W, src + c * DS, m2), acc=dk,
-                                                    input_precision=PREC), mask=m2)
+                dk += dWK_down * tl.dot(tl.trans(dWK), _load_op(W, src + c * DS, m2, HALF), input_precision=PREC)
+                tl.store(DKO + src + c * DS, dk, mask=m2)
 
     @triton.jit(do_not_specialize=["N", "C"])
     def _edges_fwd_kernel(
@@ -958,7 +1001,7 @@ def _kernels():
     def _edges_bwd_kernel(
         X, MB, SAVED, DX, DMC, DXT, DM,
         N, C,
-        D: tl.constexpr, BT: tl.constexpr, KEYS: tl.constexpr, PREC: tl.constexpr,
+        D: tl.constexpr, BT: tl.constexpr, KEYS: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr,
     ):
         # One side of the chunk edges' gradients, added into dXt and dM (rows and blocks this
         # program alone owns): the queries' (X = Qt, SAVED = P, DX = dQs) or, with KEYS, the
@@ -966,7 +1009,9 @@ def _kernels():
         # Sbar_{-1} = 0:
         #   Pbar_b = Qt_b^T dQs_b + M_b^T Pbar_{b+1},  dM_b += Pbar_{b+1} P_b^T,  dQt_b += dQs_b P_b^T
         #   Sbar_b = Kt_b^T dKc_b + M_b Sbar_{b-1},    dM_b += S_b Sbar_{b-1}^T,  dKt_b += dKc_b S_b^T
-        # column slab by column slab, as in the forward: each slab adds its share of the sums.
+        # With float16 operands (HALF) the whole head fits in registers, so that each block's dM
+        # and dXt are read and written once; otherwise column slab by column slab, as in the
+        # forward, each slab adding its share of the sums.
         c = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
         NC = (N + C - 1) // C
@@ -974,7 +1019,7 @@ def _kernels():
         nb = tl.minimum(C, N - first)
         rows = tl.arange(0, BT)
         cols = tl.arange(0, D)
-        DS: tl.constexpr = 64 if D > 64 else D
+        DS: tl.constexpr = D if HALF else (64 if D > 64 else D)
         square = cols[:, None] * D + cols[None, :]
         saved = (bh * NC + c) * C * D * D
 
@@ -990,22 +1035,23 @@ def _kernels():
                 b = i if KEYS else nb - 1 - i  # keys first to last, queries last to first
                 row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
                 tile = row_ptr + cols[None, :]
-                prod = tl.load(SAVED + saved + b * D * D + in_slab).to(tl.float32)
-                dx = tl.load(DX + row_ptr + slab[None, :])
-                tl.store(DXT + tile, tl.dot(dx, tl.trans(prod), acc=tl.load(DXT + tile), input_precision=PREC))
+                prod = _operand(tl.load(SAVED + saved + b * D * D + in_slab).to(tl.float32), HALF)
+                dx, dx_down = _scaled(tl.load(DX + row_ptr + slab[None, :]), HALF)
+                tl.store(DXT + tile, tl.load(DXT + tile) + dx_down * tl.dot(dx, tl.trans(prod), input_precision=PREC))
+                bars, bar_down = _scaled(bar, HALF)
                 dm_ptr = DM + (bh * N + first + b) * D * D + square
                 if KEYS:
                     if b > 0:
-                        tl.store(dm_ptr, tl.dot(prod, tl.trans(bar), acc=tl.load(dm_ptr), input_precision=PREC))
+                        tl.store(dm_ptr, tl.load(dm_ptr) + bar_down * tl.dot(prod, tl.trans(bars), input_precision=PREC))
                 else:
-                    tl.store(dm_ptr, tl.dot(bar, tl.trans(prod), acc=tl.load(dm_ptr), input_precision=PREC))
-                x = tl.load(X + tile).to(tl.float32)
-                m = tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32)
+                    tl.store(dm_ptr, tl.load(dm_ptr) + bar_down * tl.dot(bars, tl.trans(prod), input_precision=PREC))
+                x = _operand(tl.load(X + tile).to(tl.float32), HALF)
+                m = _operand(tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32), HALF)
                 if KEYS:
-                    bar = tl.dot(m, bar, input_precision=PREC)
+                    bar = bar_down * tl.dot(m, bars, input_precision=PREC)
                 else:
-                    bar = tl.dot(tl.trans(m), bar, input_precision=PREC)
-                bar = tl.dot(tl.trans(x), dx, acc=bar, input_precision=PREC)
+                    bar = bar_down * tl.dot(tl.trans(m), bars, input_precision=PREC)
+                bar += dx_down * tl.dot(tl.trans(x), dx, input_precision=PREC)
 
     _KERNELS = (_path_fwd_kernel, _bwd_within_kernel, _prep_fwd_kernel, _prep_bwd_kernel,
                 _bwd_cross_q_kernel, _bwd_cross_kv_kernel, _edges_fwd_kernel, _edges_bwd_kernel)
@@ -1050,6 +1096,17 @@ QUERY_PAIRS = {"fwd": (128,), "within": (64, 128), "cross_q": (128,)}
 # scan take pairs: 144 KB of shared memory against 272 KB (sm_90, triton 3.9), more than an
 # H200 has. At D = 64 it made the queries-first scan slower, 5.07 ms against 4.32 at 16384 tokens.
 HALF_ADJOINT_HEAD_DIMS = (128,)
+# Head sizes whose 16-bit inputs take float16 operands, tf32's mantissa at twice its rate and in
+# half the registers, in the block-local kernels' products: the preprocessing after its
+# inversion, its backward and the chunk edges' backward (gradients scaled into float16's range,
+# _scaled); the latter then holds the whole head, so that it reads and writes each block's dL/dM
+# once a side, not once a column slab. On the H200, for 16K tokens of 16 heads at D = 128 and of
+# 32 at D = 64 (results/kernel/variants_half.log, variants_half2.log): the preprocessing
+# backward 2.59 -> 2.04 ms at D = 128 and 2.33 -> 1.77 at D = 64; the chunk edges' backward
+# 1.88 -> 1.70 -> 0.99 ms (whole head) at D = 128; the preprocessing 0.65 -> 0.49 ms at D = 128
+# and 0.72 -> 0.57 at D = 64. At D = 16 and 32 the preprocessing gave wrong outputs there with
+# float16 operands (gpu_tests_half_d16_d32.log, triton 3.6).
+HALF_BLOCK_HEAD_DIMS = (64, 128)
 # Head sizes whose chunked path passed the GPU tests in 16-bit; smaller heads run as one chunk.
 # At D = 32, in chunks on the H200, the keys-first scan gave wrong gradients or an illegal
 # memory access with 16-bit inputs under its launch setting (4 warps, one stage), not with 8
@@ -1308,7 +1365,7 @@ def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x):
         Qt, Kt, dummy if Mb is None else Mb, SI, dummy if X is None else X,
         T, H, N, float(scale),
         D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=G is not None, PREC=prec, HPREC=_hprec(q.dtype, dev),
-        SAVE_X=X is not None, XPREC=_xprec(q.dtype, dev), **launch_opts,
+        SAVE_X=X is not None, XPREC=_xprec(q.dtype, dev), HALF=_half_blocks(q.dtype, D), **launch_opts,
     )
     return Qt, Kt, Mb, SI, X
 
@@ -1329,7 +1386,8 @@ def _prec(dtype: torch.dtype, device: torch.device) -> str:
 
 
 def _xprec(dtype: torch.dtype, device: torch.device) -> str:
-    """Precision of the block inversion's products: float32-accurate for float32 inputs; tf32
+    """Precision of the block inversion's products (and of the other products with the inverse
+    where the block-local kernels keep float32 operands): float32-accurate for float32 inputs; tf32
     for 16-bit ones (a relative error of about 1e-3 in the block products, the size of their
     float16 storage; three-pass tf32 there spilled registers heavily on the H200)."""
     if device.type != "cuda":
@@ -1338,12 +1396,19 @@ def _xprec(dtype: torch.dtype, device: torch.device) -> str:
 
 
 def _hprec(dtype: torch.dtype, device: torch.device) -> str:
-    """Precision of the products that build the Householder factors: float32-accurate for
+    """Precision of the products that build the Householder factors (the inversion's input, and
+    the rest where the preprocessing keeps float32 operands): float32-accurate for
     float32 inputs; tf32 for 16-bit ones, whose block products are stored in float16 (three-pass
     tf32 took twice the preprocessing time there, H200, results/kernel/launch.log)."""
     if device.type != "cuda":
         return "ieee"
     return "tf32x3" if dtype == torch.float32 else "tf32"
+
+
+def _half_blocks(dtype: torch.dtype, D: int) -> bool:
+    """Whether the block-local kernels take float16 operands (HALF) for inputs of dtype (the data's,
+    or the block products' for the chunk edges) at head size D: 16-bit ones at HALF_BLOCK_HEAD_DIMS."""
+    return dtype != torch.float32 and D in HALF_BLOCK_HEAD_DIMS
 
 
 def _dummy(device):
@@ -1411,12 +1476,12 @@ def _chunk_edges_backward(X, Mb, saved, dX, dMc, dXt, dM, C, prec, launch_opts):
     """Add one side of the chunk edges' gradients into dXt and dM (float32, in place): the
     queries' (X = Qt, saved = PS, dX = dQs, with dMc) or, with dMc None, the keys' (X = Kt,
     saved = SS, dX = dKc). Two launches, so that each side's buffers can go before the other's
-    scan."""
+    scan. float16 operands where the block products are float16 (_half_blocks)."""
     B, H, Tp, D = X.shape
     N = Mb.shape[2]
     _kernels()[7][(-(-N // C), B * H)](
         X, Mb, saved, dX, _dummy(X.device) if dMc is None else dMc, dXt, dM, N, C,
-        D=D, BT=Tp // N, KEYS=dMc is None, PREC=prec, **launch_opts,
+        D=D, BT=Tp // N, KEYS=dMc is None, PREC=prec, HALF=_half_blocks(Mb.dtype, D), **launch_opts,
     )
 
 
@@ -1650,6 +1715,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
                 dq, dk, dq_out, dk_out, dw, dbeta, dGl,
                 T, H, N, float(scale),
                 D=D, BT=BT, PART=part, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, XPREC=_xprec(q.dtype, dev),
+                HALF=_half_blocks(q.dtype, D),
                 **opts("prep_bwd"),
             )
             if part == done_q:

@@ -402,8 +402,12 @@ def test_beta_near_two():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_low_precision_forward(dtype):
+def test_low_precision_forward(monkeypatch, dtype):
+    """16-bit inputs: the block-local kernels take float16 operands (on the CPU at D = 32 too)."""
+    import pathbench.kernels.triton_path as tp
+
     B, T, H, D = (2, 1000, 2, 64) if CUDA else (1, 37, 2, 32)
+    monkeypatch.setattr(tp, "HALF_BLOCK_HEAD_DIMS", (D,))
     args = make_inputs(B, T, H, D, True, True, dtype=dtype)
     check_against_reference(args, fwd_tol=2e-2, with_grad=False)
     # and the backward gives finite gradients in the input dtypes, close to float64's
@@ -419,14 +423,16 @@ def test_low_precision_forward(dtype):
 @pytest.mark.parametrize("dout_scale", [1e-7, 1e8], ids=["tiny", "large"])
 def test_bfloat16_backward_at_any_gradient_scale(monkeypatch, dout_scale):
     """bfloat16 has float32's range, but 16-bit inputs may carry the queries' gradient back
-    across blocks and chunks in float16, scaled into its range: gradients far below float16's
-    smallest normal number, or above its largest, keep their precision. Chunks of four blocks,
-    soft attention without a gate, so that the gradient crosses several blocks."""
+    across blocks and chunks, and through the block-local algebra, in float16, scaled into its
+    range: gradients far below float16's smallest normal number, or above its largest, keep
+    their precision. Chunks of four blocks, soft attention without a gate, so that the gradient
+    crosses several blocks."""
     import pathbench.kernels.triton_path as tp
 
     monkeypatch.setattr(tp, "INTERPRET_CHUNK", 4)
     monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (32,)))
     monkeypatch.setattr(tp, "HALF_ADJOINT_HEAD_DIMS", (32,))
+    monkeypatch.setattr(tp, "HALF_BLOCK_HEAD_DIMS", (32,))
     args = make_inputs(1, 170, 2, 32, True, False)
     args[0] = args[0] * 0.3
     args = [a.bfloat16() if i < 3 else a for i, a in enumerate(args)]
