@@ -67,8 +67,8 @@ algorithm"). Eight kernels, one launch each; everything accumulates in float32.
       go back into dQt, dKt and dM through the adjoints of P_b and S_b, from the P_b and S_b
       that the backward's chunk edges stored; the queries' side right after scan b, the keys'
       side after scan c, so that each side's buffers are freed before the next are allocated.
-      With 16-bit inputs at HALF_BLOCK_HEAD_DIMS it takes float16 operands, the adjoints scaled
-      into float16's range, and the whole head at once.
+      With 16-bit inputs at HALF_BLOCK_HEAD_DIMS both chunk-edge kernels take float16 operands
+      (the adjoints scaled into float16's range) and the whole head at once.
    Partial sums that several programs make (dMc; dV, dKt, dM within a chunk when it has NG
    programs: the last program's are the sums, the others' cover the blocks up to their last
    query block) live in buffers per program and are summed in torch in a fixed order: gradients
@@ -954,12 +954,13 @@ def _kernels():
     def _edges_fwd_kernel(
         QT, KT, MB, QS, KC, MC, PS, SS,
         N, C,
-        D: tl.constexpr, BT: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr,
+        D: tl.constexpr, BT: tl.constexpr, SAVE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr,
     ):
         # One program per (chunk, batch*head). With P_b = M_{b-1} ... M_0 and
         # S_b = M_{b+1}^T ... M_{nb-1}^T over the chunk's nb blocks: Qs_b = Qt_b P_b,
         # Kc_b = Kt_b S_b, Mc = P_nb; with SAVE, P_b and S_b for the backward. The columns of
-        # P and S evolve independently: they are carried in slabs of at most 64 (registers).
+        # P and S evolve independently: they are carried in slabs of at most 64 (registers), or
+        # whole with float16 operands (HALF).
         c = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
         NC = (N + C - 1) // C
@@ -967,7 +968,7 @@ def _kernels():
         nb = tl.minimum(C, N - first)
         rows = tl.arange(0, BT)
         cols = tl.arange(0, D)
-        DS: tl.constexpr = 64 if D > 64 else D
+        DS: tl.constexpr = D if HALF else (64 if D > 64 else D)
         square = cols[:, None] * D + cols[None, :]
         saved = (bh * NC + c) * C * D * D  # this chunk's P_b (or S_b), b = 0..C-1
 
@@ -977,25 +978,27 @@ def _kernels():
             p = tl.where(cols[:, None] == slab[None, :], 1.0, 0.0)
             for b in range(0, nb):
                 row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
-                qt = tl.load(QT + row_ptr + cols[None, :]).to(tl.float32)
-                tl.store(QS + row_ptr + slab[None, :], tl.dot(qt, p, input_precision=PREC).to(QS.dtype.element_ty))
+                qt = _operand(tl.load(QT + row_ptr + cols[None, :]).to(tl.float32), HALF)
+                tl.store(QS + row_ptr + slab[None, :],
+                         tl.dot(qt, _operand(p, HALF), input_precision=PREC).to(QS.dtype.element_ty))
                 if SAVE:
                     tl.store(PS + saved + b * D * D + in_slab, p.to(PS.dtype.element_ty))
-                m = tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32)
-                p = tl.dot(m, p, input_precision=PREC)
+                m = _operand(tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32), HALF)
+                p = tl.dot(m, _operand(p, HALF), input_precision=PREC)
             tl.store(MC + (bh * NC + c) * D * D + in_slab, p.to(MC.dtype.element_ty))
 
             s = tl.where(cols[:, None] == slab[None, :], 1.0, 0.0)
             for bb in range(0, nb):
                 b = nb - 1 - bb
                 row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
-                kt = tl.load(KT + row_ptr + cols[None, :]).to(tl.float32)
-                tl.store(KC + row_ptr + slab[None, :], tl.dot(kt, s, input_precision=PREC).to(KC.dtype.element_ty))
+                kt = _operand(tl.load(KT + row_ptr + cols[None, :]).to(tl.float32), HALF)
+                tl.store(KC + row_ptr + slab[None, :],
+                         tl.dot(kt, _operand(s, HALF), input_precision=PREC).to(KC.dtype.element_ty))
                 if SAVE:
                     tl.store(SS + saved + b * D * D + in_slab, s.to(SS.dtype.element_ty))
                 if b > 0:  # S_{-1} is never used
-                    m = tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32)
-                    s = tl.dot(tl.trans(m), s, input_precision=PREC)
+                    m = _operand(tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32), HALF)
+                    s = tl.dot(tl.trans(m), _operand(s, HALF), input_precision=PREC)
 
     @triton.jit(do_not_specialize=["N", "C"])
     def _edges_bwd_kernel(
@@ -1099,13 +1102,15 @@ HALF_ADJOINT_HEAD_DIMS = (128,)
 # Head sizes whose 16-bit inputs take float16 operands, tf32's mantissa at twice its rate and in
 # half the registers, in the block-local kernels' products: the preprocessing after its
 # inversion, its backward and the chunk edges' backward (gradients scaled into float16's range,
-# _scaled); the latter then holds the whole head, so that it reads and writes each block's dL/dM
-# once a side, not once a column slab. On the H200, for 16K tokens of 16 heads at D = 128 and of
-# 32 at D = 64 (results/kernel/variants_half.log, variants_half2.log): the preprocessing
-# backward 2.59 -> 2.04 ms at D = 128 and 2.33 -> 1.77 at D = 64; the chunk edges' backward
-# 1.88 -> 1.70 -> 0.99 ms (whole head) at D = 128; the preprocessing 0.65 -> 0.49 ms at D = 128
-# and 0.72 -> 0.57 at D = 64. At D = 16 and 32 the preprocessing gave wrong outputs there with
-# float16 operands (gpu_tests_half_d16_d32.log, triton 3.6).
+# _scaled), and the chunk edges' forward. The chunk edges then hold the whole head, so that the
+# backward reads and writes each block's dL/dM once a side, not once a column slab. On the H200,
+# for 16K tokens of 16 heads at D = 128 and of 32 at D = 64 (results/kernel/variants_half.log,
+# variants_half2.log, variants_half3.log): the preprocessing backward 2.59 -> 2.04 ms at
+# D = 128 and 2.33 -> 1.77 at D = 64; the chunk edges' backward 1.88 -> 1.70 -> 0.99 ms (whole
+# head) at D = 128; their forward 0.84 -> 0.55 ms at D = 128 and 16384 tokens; the
+# preprocessing 0.65 -> 0.49 ms at D = 128 and 0.72 -> 0.57 at D = 64. At D = 16 and 32 the
+# preprocessing gave wrong outputs on the H200 with float16 operands (triton 3.6,
+# gpu_tests_half_d16_d32.log).
 HALF_BLOCK_HEAD_DIMS = (64, 128)
 # Head sizes whose chunked path passed the GPU tests in 16-bit; smaller heads run as one chunk.
 # At D = 32, in chunks on the H200, the keys-first scan gave wrong gradients or an illegal
@@ -1161,11 +1166,13 @@ _FLOAT32_CONFIGS = {("bwd", 128): [(32, 4, 1), (16, 4, 1)]}
 # (8, 1) at 16384 tokens of 16 heads. With as many programs as 4-warp scans fill (_num_groups),
 # single blocks with 4 warps at D = 128 stayed slower (variants_launch128.log, 16K tokens of 16
 # heads): the queries-first scan 1.83 ms with (4, 2) against 1.74 in pairs at 4096 tokens, the
-# within-chunk scan 4.76 with (4, 1) against 3.64 in pairs at 1024.
+# within-chunk scan 4.76 with (4, 1) against 3.64 in pairs at 1024. The chunk edges' forward at
+# D = 128, over the whole head with float16 operands (HALF_BLOCK_HEAD_DIMS), takes (8, 2): 0.55 ms
+# against 0.62 with (8, 1) and 0.98 with (4, 2) at 16384 tokens (variants_half3.log).
 _KERNEL_LAUNCH_64 = {
     64: {"prep_fwd": (4, 2), "fwd": (4, 2), "edges_fwd": (4, 2), "within": (8, 2),
          "cross_q": (4, 3), "cross_kv": (4, 3), "edges_bwd": (4, 2), "prep_bwd": (4, 1)},
-    128: {"prep_fwd": (4, 1), "fwd": (8, 2), "edges_fwd": (4, 2), "within": (8, 1),
+    128: {"prep_fwd": (4, 1), "fwd": (8, 2), "edges_fwd": (8, 2), "within": (8, 1),
           "cross_q": (8, 1), "cross_kv": (4, 2), "edges_bwd": (8, 1), "prep_bwd": (4, 1)},
 }
 _BLOCK_LOCAL = ("prep_fwd", "prep_bwd", "edges_fwd", "edges_bwd")
@@ -1467,7 +1474,7 @@ def _chunk_edges(Qt, Kt, Mb, C, prec, launch_opts, save=False):
         SS = torch.empty_like(PS)
     _kernels()[6][(NC, B * H)](
         Qt, Kt, Mb, Qs, Kc, Mc, PS, SS, N, C,
-        D=D, BT=Tp // N, SAVE=save, PREC=prec, **launch_opts,
+        D=D, BT=Tp // N, SAVE=save, PREC=prec, HALF=_half_blocks(Mb.dtype, D), **launch_opts,
     )
     return Qs, Kc, Mc, PS, SS
 
