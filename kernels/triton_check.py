@@ -3,8 +3,10 @@
 1. For fox, path and path_fox models (2 layers) on CUDA: one training step's loss and every
    parameter gradient with the default backend (the Triton kernel) against the torch
    blockwise backend, in float32.
-2. A 2-layer path model trains --steps steps on flip-flop in bfloat16 autocast on the GPU;
-   every loss must be finite. Prints the loss curve and the final training accuracy.
+2. A 2-layer path model trains --steps steps on flip-flop in bfloat16 autocast on the GPU, with
+   two heads of 32 and again with two of 128 (where the kernel's block-local products take
+   float16 operands); every loss must be finite. Prints the loss curve and the final training
+   accuracy.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ import torch
 import torch.nn.functional as F
 
 
-def _model(attention, vocab, layers=2, beta_max=2.0, seed=0):
+def _model(attention, vocab, layers=2, beta_max=2.0, seed=0, head_dim=32):
     from pathbench.models import build_model, model_config
 
     torch.manual_seed(seed)
     cfg = model_config({"vocab_size": vocab, "attention": attention, "layers": layers, "heads": 2,
-                        "d_model": 64, "beta_max": beta_max})
+                        "d_model": 2 * head_dim, "beta_max": beta_max})
     return build_model(cfg).cuda()
 
 
@@ -61,11 +63,12 @@ def check_against_torch(B=8, T=300, vocab=16):
     return ok
 
 
-def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0):
+def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0, head_dim=32):
     from pathbench.tasks import make_task
 
     task = make_task("flipflop", {"length": T})
-    model = _model("path", len(task.vocab), layers=2, beta_max=beta_max)
+    model = _model("path", len(task.vocab), layers=2, beta_max=beta_max, head_dim=head_dim)
+    print(f"bf16 training, heads of {head_dim}:")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 200))
     t0 = time.time()
@@ -97,8 +100,8 @@ def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0):
             mask = targets != -100
             acc = (logits.argmax(-1)[mask] == targets[mask]).float().mean().item()
             print(f"step {step:5d} loss {loss.item():.4f} acc {acc:.4f} ({time.time() - t0:.0f}s)")
-    print(f"bf16 training: {steps} steps, {bad} non-finite steps, {time.time() - t0:.0f}s: "
-          f"{'ok' if bad == 0 else 'FAIL'}")
+    print(f"bf16 training, heads of {head_dim}: {steps} steps, {bad} non-finite steps, "
+          f"{time.time() - t0:.0f}s: {'ok' if bad == 0 else 'FAIL'}")
     return bad == 0
 
 
@@ -110,7 +113,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("triton_check needs a CUDA GPU")
     ok = check_against_torch()
-    ok &= train_bf16(steps=args.steps, beta_max=args.beta_max)
+    for head_dim in (32, 128):
+        ok &= train_bf16(steps=args.steps, beta_max=args.beta_max, head_dim=head_dim)
     raise SystemExit(0 if ok else 1)
 
 
