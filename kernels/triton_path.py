@@ -126,7 +126,7 @@ def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
     # the helpers are module globals: kernels look names up there
     global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _query_tile, _load_f32, _dot_rows, \
-        _head, _load_rows, _operand, _load_op, _scaled
+        _head, _load_rows, _operand, _load_op, _inverse, _scaled
     if _KERNELS is not None:
         return _KERNELS
 
@@ -205,17 +205,24 @@ def _kernels():
 
     @triton.jit
     def _operand(x, HALF: tl.constexpr):
-        """x as a product's operand: in float16 with HALF, else as is. For data of 16-bit inputs
-        (not gradients, _scaled): their block products are stored in float16 too."""
+        """x as a product's operand: in float16 with HALF, else in float32. For data of 16-bit
+        inputs (not gradients, _scaled): their block products are stored in float16 too."""
         if HALF:
             return x.to(tl.float16)
         else:
-            return x
+            return x.to(tl.float32)
 
     @triton.jit
     def _load_op(ptr, offs, mask, HALF: tl.constexpr):
-        """A [BT, D] tile of a [B, T, H, D] input as a product's operand (_load_f32, _operand)."""
+        """Rows of a [B, T, H, D] input (a tile or a column slab of one) as a product's operand
+        (_load_f32, _operand)."""
         return _operand(_load_f32(ptr, offs, mask), HALF)
+
+    @triton.jit
+    def _inverse(XS, si, HALF: tl.constexpr):
+        """The block inverse X (at XS, si its [BT, BT] offsets) as a product's operand, loaded again
+        where it is used (volatile: not kept live in between)."""
+        return _operand(tl.load(XS + si, volatile=True), HALF)
 
     @triton.jit
     def _scaled(g, HALF: tl.constexpr):
@@ -851,10 +858,10 @@ def _kernels():
                 QW = tl.where(lower, _dot_rows(Q, W, src, m2, BT, DS, NS, HALF, PREC), 0.0)
                 WK = tl.where(strict, _dot_rows(W, K, src, m2, BT, DS, NS, HALF, PREC), 0.0)
                 dE, dE_down = _scaled(-ds_down * tl.dot(tl.trans(_operand(QW, HALF)), ds, input_precision=PREC), HALF)
-                E = _operand(tl.dot(_operand(tl.load(XS + si, volatile=True), HALF), _operand(WK * beta[:, None], HALF),
+                E = _operand(tl.dot(_inverse(XS, si, HALF), _operand(WK * beta[:, None], HALF),
                                     input_precision=PREC), HALF)
                 tl.store(DQWK + si, -ds_down * tl.dot(ds, tl.trans(E), input_precision=PREC), mask=lower)
-                P1 = dE_down * tl.dot(tl.trans(_operand(tl.load(XS + si, volatile=True), HALF)), dE, input_precision=PREC)
+                P1 = dE_down * tl.dot(tl.trans(_inverse(XS, si, HALF)), dE, input_precision=PREC)
                 tl.store(DBETA + bt, tl.sum(P1 * WK, 1), mask=valid)
                 tl.store(DQWK + si_t, P1 * beta[:, None], mask=strict)
                 P1, P1_down = _scaled(P1, HALF)
@@ -875,10 +882,10 @@ def _kernels():
                     dm, dm_down = _scaled(tl.load(DP + dpi + (r * DS * D + c * DS), volatile=True), HALF)
                     du -= dm_down * tl.dot(_load_op(W, src + r * DS, m2, HALF), dm, input_precision=PREC)
                 du, du_down = _scaled(du, HALF)
-                P2 = du_down * tl.dot(tl.trans(_operand(tl.load(XS + si, volatile=True), HALF)), du, input_precision=PREC)
+                P2 = du_down * tl.dot(tl.trans(_inverse(XS, si, HALF)), du, input_precision=PREC)
                 w = _load_f32(W, src + c * DS, m2)
                 db += tl.sum(P2 * w, 1)
-                u = _operand(tl.dot(_operand(tl.load(XS + si, volatile=True), HALF), _operand(w * beta[:, None], HALF),
+                u = _operand(tl.dot(_inverse(XS, si, HALF), _operand(w * beta[:, None], HALF),
                                     input_precision=XPREC), HALF)
                 P2s, P2_down = _scaled(P2, HALF)
                 dL += P2_down * tl.dot(P2s, tl.trans(u), input_precision=PREC)
@@ -921,8 +928,8 @@ def _kernels():
                 dkt, dkt_down = _scaled(tl.load(DKT + dst + c * DS), HALF)
                 dR = -dkt_down * tl.dot(_operand(WK, HALF), dkt, input_precision=PREC)
                 dRb, dRb_down = _scaled(dR * beta[:, None], HALF)
-                P3 = dRb_down * tl.dot(_operand(tl.load(XS + si, volatile=True), HALF), dRb, input_precision=PREC)
-                M2 = tl.dot(tl.trans(_operand(tl.load(XS + si, volatile=True), HALF)), _load_op(W, src + c * DS, m2, HALF),
+                P3 = dRb_down * tl.dot(_inverse(XS, si, HALF), dRb, input_precision=PREC)
+                M2 = tl.dot(tl.trans(_inverse(XS, si, HALF)), _load_op(W, src + c * DS, m2, HALF),
                             input_precision=XPREC)
                 db += tl.sum(dR * M2, 1)
                 P3s, P3_down = _scaled(P3, HALF)
@@ -978,12 +985,12 @@ def _kernels():
             p = tl.where(cols[:, None] == slab[None, :], 1.0, 0.0)
             for b in range(0, nb):
                 row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
-                qt = _operand(tl.load(QT + row_ptr + cols[None, :]).to(tl.float32), HALF)
+                qt = _operand(tl.load(QT + row_ptr + cols[None, :]), HALF)
                 tl.store(QS + row_ptr + slab[None, :],
                          tl.dot(qt, _operand(p, HALF), input_precision=PREC).to(QS.dtype.element_ty))
                 if SAVE:
                     tl.store(PS + saved + b * D * D + in_slab, p.to(PS.dtype.element_ty))
-                m = _operand(tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32), HALF)
+                m = _operand(tl.load(MB + (bh * N + first + b) * D * D + square), HALF)
                 p = tl.dot(m, _operand(p, HALF), input_precision=PREC)
             tl.store(MC + (bh * NC + c) * D * D + in_slab, p.to(MC.dtype.element_ty))
 
@@ -991,13 +998,13 @@ def _kernels():
             for bb in range(0, nb):
                 b = nb - 1 - bb
                 row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
-                kt = _operand(tl.load(KT + row_ptr + cols[None, :]).to(tl.float32), HALF)
+                kt = _operand(tl.load(KT + row_ptr + cols[None, :]), HALF)
                 tl.store(KC + row_ptr + slab[None, :],
                          tl.dot(kt, _operand(s, HALF), input_precision=PREC).to(KC.dtype.element_ty))
                 if SAVE:
                     tl.store(SS + saved + b * D * D + in_slab, s.to(SS.dtype.element_ty))
                 if b > 0:  # S_{-1} is never used
-                    m = _operand(tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32), HALF)
+                    m = _operand(tl.load(MB + (bh * N + first + b) * D * D + square), HALF)
                     s = tl.dot(tl.trans(m), _operand(s, HALF), input_precision=PREC)
 
     @triton.jit(do_not_specialize=["N", "C"])
@@ -1038,7 +1045,7 @@ def _kernels():
                 b = i if KEYS else nb - 1 - i  # keys first to last, queries last to first
                 row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
                 tile = row_ptr + cols[None, :]
-                prod = _operand(tl.load(SAVED + saved + b * D * D + in_slab).to(tl.float32), HALF)
+                prod = _operand(tl.load(SAVED + saved + b * D * D + in_slab), HALF)
                 dx, dx_down = _scaled(tl.load(DX + row_ptr + slab[None, :]), HALF)
                 tl.store(DXT + tile, tl.load(DXT + tile) + dx_down * tl.dot(dx, tl.trans(prod), input_precision=PREC))
                 bars, bar_down = _scaled(bar, HALF)
@@ -1048,8 +1055,8 @@ def _kernels():
                         tl.store(dm_ptr, tl.load(dm_ptr) + bar_down * tl.dot(prod, tl.trans(bars), input_precision=PREC))
                 else:
                     tl.store(dm_ptr, tl.load(dm_ptr) + bar_down * tl.dot(bars, tl.trans(prod), input_precision=PREC))
-                x = _operand(tl.load(X + tile).to(tl.float32), HALF)
-                m = _operand(tl.load(MB + (bh * N + first + b) * D * D + square).to(tl.float32), HALF)
+                x = _operand(tl.load(X + tile), HALF)
+                m = _operand(tl.load(MB + (bh * N + first + b) * D * D + square), HALF)
                 if KEYS:
                     bar = bar_down * tl.dot(m, bars, input_precision=PREC)
                 else:
