@@ -8,7 +8,8 @@ strides, the other scans read copies in that layout (in place, the queries-first
 15% slower at D = 128, results/kernel/variants_inplace_spans.log).
 
 Algorithm (blocks of BT tokens grouped in chunks of C blocks; ATTENTION.md "blockwise
-algorithm"). Eight kernels, one launch each; everything accumulates in float32.
+algorithm"). Eight kernels, one launch each; everything accumulates in float32. Inside the kernels,
+logits, G and log-sum-exps are in base 2 (times log2 e), so that each probability is one exp2.
 
 1. Preprocessing (_prep_fwd_kernel, one program per (block, batch*head)). For the block's rows
    (local time order) with W [BT, D], b = beta, Q, K (D in column slabs of at most 64, as in
@@ -100,6 +101,7 @@ one chunk's scan (NG <= MAX_GROUPS); nothing O(T^2).
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -126,7 +128,7 @@ def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
     # the helpers are module globals: kernels look names up there
     global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _query_tile, _load_f32, _dot_rows, \
-        _head, _load_rows, _operand, _load_op, _inverse, _scaled
+        _head, _load_rows, _operand, _load_op, _inverse, _scaled, _base2
     if _KERNELS is not None:
         return _KERNELS
 
@@ -252,9 +254,15 @@ def _kernels():
         return acc
 
     @triton.jit
+    def _base2(x):
+        """x times log2(e). Logits, gates and log-sum-exps are in base 2 in the kernels, so that a
+        probability is one exp2 (tl.exp multiplies every element by log2(e) itself)."""
+        return x * 1.4426950408889634
+
+    @triton.jit
     def _logits(r, kt, gq, gk, scale, HAS_GATE: tl.constexpr, PREC: tl.constexpr):
-        """The logits of queries r (at key block kt's end) with keys kt."""
-        s = tl.dot(r.to(kt.dtype), tl.trans(kt), input_precision=PREC) * scale
+        """The logits of queries r (at key block kt's end) with keys kt, in base 2 (gates too)."""
+        s = tl.dot(r.to(kt.dtype), tl.trans(kt), input_precision=PREC) * _base2(scale)
         if HAS_GATE:
             s += gq[:, None] - gk[None, :]
         return s
@@ -263,8 +271,8 @@ def _kernels():
     def _softmax_step(s, v, m, l, acc, PREC: tl.constexpr):
         """One key block of the online softmax, from its logits s: the updated (m, l, acc)."""
         m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         return m_new, l, acc
@@ -349,7 +357,7 @@ def _kernels():
                     r = _carry(r, MC + (bh * NC + jb // C) * D * D, cols, D, False, HH16, PREC)
         o = acc / l[:, None]
         tl.store(O + tile_i, o.to(O.dtype.element_ty), mask=valid[:, None])
-        tl.store(LSE + bh * Tp + offs_i, m + tl.log(l), mask=valid)
+        tl.store(LSE + bh * Tp + offs_i, m + tl.log2(l), mask=valid)
 
     @triton.jit(do_not_specialize=["T", "H", "N", "C", "NG"])
     def _bwd_within_kernel(
@@ -439,7 +447,7 @@ def _kernels():
                     tl.store(DELTA + offs_h, delta)
                     si_ptr = hb * BT * BT + krows[:, None] * BT + krows[None, :]
                     s = tl.load(SI + si_ptr)
-                    p = tl.where(causal, tl.exp(s - tl.load(LSE + offs_h)[:, None]), 0.0)
+                    p = tl.where(causal, tl.exp2(s - tl.load(LSE + offs_h)[:, None]), 0.0)
                     dp = tl.dot(do, tl.trans(_load_rows(V, offs_h, cols, VST, T)), input_precision=PREC)
                     ds = p * (dp - delta[:, None])
                     tl.debug_barrier()  # DSI may be SI itself: every thread has read its logits
@@ -481,7 +489,7 @@ def _kernels():
                 kt = tl.load(KT + tile_j)
                 rb = r.to(DT)
                 gk = tl.load(G + offs_j) if HAS_GATE else gq
-                p = tl.exp(_logits(rb, kt, gq, gk, scale, HAS_GATE, PREC) - lse[:, None])
+                p = tl.exp2(_logits(rb, kt, gq, gk, scale, HAS_GATE, PREC) - lse[:, None])
                 if QB > 1:
                     p = tl.where(rows[:, None] >= (jb + 1 - ib) * BT, p, 0.0)
                     if jb == ib:
@@ -578,7 +586,7 @@ def _kernels():
                     tile_j = offs_j[:, None] * D + cols[None, :]
                     kc = tl.load(KC + tile_j)
                     gk = tl.load(G + offs_j) if HAS_GATE else gq
-                    p = tl.exp(_logits(r, kc, gq, gk, scale, HAS_GATE, PREC) - lse[:, None])
+                    p = tl.exp2(_logits(r, kc, gq, gk, scale, HAS_GATE, PREC) - lse[:, None])
                     dp = tl.dot(do, tl.trans(tl.load(V + tile_j)), input_precision=PREC)
                     ds = p * (dp - delta[:, None])
                     dr = tl.dot((ds * scale).to(DT), kc, acc=dr, input_precision=PREC)
@@ -657,7 +665,7 @@ def _kernels():
                     gq = tl.load(G + offs_i) if HAS_GATE else gk
                     # P and dS transposed (keys by queries), as the products with dO and qs take
                     # them: no transpose of a register tile (the gates' signs turn with it)
-                    pt = tl.exp(_logits(kf, qs, -gk, -gq, scale, HAS_GATE, PREC) - tl.load(LSE + offs_i)[None, :])
+                    pt = tl.exp2(_logits(kf, qs, -gk, -gq, scale, HAS_GATE, PREC) - tl.load(LSE + offs_i)[None, :])
                     do = tl.load(DO + tile_i)
                     dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
                     dst = pt * (dpt - tl.load(DELTA + offs_i)[None, :])
@@ -701,7 +709,7 @@ def _kernels():
             dst = t[:, None] * D + cols[None, :]
             q = tl.load(Q + src, mask=m2, other=0.0).to(tl.float32)
             k = tl.load(K + src, mask=m2, other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * _base2(scale)
             if HAS_GATE:
                 g = tl.load(G + bh * Tp + t)
                 s += g[:, None] - g[None, :]
@@ -748,7 +756,7 @@ def _kernels():
             # intra-block logits: S = Q K^T - QW E, E = X diag(beta) WK
             E = tl.dot(_operand(X, HALF), _operand(WK * beta[:, None], HALF), input_precision=PREC)
             s = s - tl.dot(_operand(QW, HALF), _operand(E, HALF), input_precision=PREC)
-            s = s * scale
+            s = s * _base2(scale)
             if HAS_GATE:
                 g = tl.load(G + bh * Tp + t)
                 s += g[:, None] - g[None, :]
@@ -1385,9 +1393,10 @@ def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x):
 
 
 def _gate_cumsum(log_fgate, Tp):
+    """G = cumsum(log_fgate) in blocks, in base 2 (times log2(e)), as the kernels' logits are."""
     if log_fgate is None:
         return None
-    return torch.cumsum(_to_blocks(log_fgate, Tp), dim=-1).contiguous()
+    return (torch.cumsum(_to_blocks(log_fgate, Tp), dim=-1) * math.log2(math.e)).contiguous()
 
 
 def _prec(dtype: torch.dtype, device: torch.device) -> str:
