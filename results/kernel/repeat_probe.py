@@ -4,9 +4,11 @@ closest (D = 64, T = 1024; D = 128, T = 16384) and at D = 128, T = 2048.
 
 Run on a GPU from the repository root, with fla-core installed:
 `python3 results/kernel/repeat_probe.py > repeat.log`. Each timing is a do_bench median, as in
-`pathbench bench kernel`.
+`pathbench bench kernel`. SHAPES ("D,T,H,B;D,T,H,B") and ROUNDS in the environment replace the
+defaults.
 """
 import json
+import os
 import statistics
 
 import torch
@@ -14,8 +16,9 @@ from triton.testing import do_bench
 
 from pathbench.kernels.bench_kernel import _fns, _inputs
 
-SHAPES = [(64, 1024, 32, 16), (128, 2048, 16, 8), (128, 16384, 16, 1)]
-ROUNDS = 9
+SHAPES = ([tuple(map(int, x.split(","))) for x in os.environ["SHAPES"].split(";")] if "SHAPES" in os.environ
+          else [(64, 1024, 32, 16), (128, 2048, 16, 8), (128, 16384, 16, 1)])
+ROUNDS = int(os.environ.get("ROUNDS", "9"))
 
 
 def main():
