@@ -9,6 +9,7 @@ and the preprocessing backward's part by part).
 """
 
 import json
+import os
 
 import torch
 import triton.testing
@@ -21,6 +22,14 @@ NAMES = {"_path_fwd_kernel": "fwd", "_bwd_within_kernel": "within", "_prep_fwd_k
          "_prep_bwd_kernel": "prep_bwd", "_bwd_cross_q_kernel": "cross_q", "_bwd_cross_kv_kernel": "cross_kv",
          "_edges_fwd_kernel": "edges_fwd", "_edges_bwd_kernel": "edges_bwd"}
 compiled = {}
+
+
+def shapes_from_env(default):
+    """The probes' shapes (D, T, H, B): from a SHAPES environment variable ("D,T,H,B;D,T,H,B"),
+    else default."""
+    if "SHAPES" not in os.environ:
+        return list(default)
+    return [tuple(map(int, x.split(","))) for x in os.environ["SHAPES"].split(";")]
 
 
 class Recorded:

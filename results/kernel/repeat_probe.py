@@ -14,10 +14,10 @@ import statistics
 import torch
 from triton.testing import do_bench
 
+from kernel_resources import shapes_from_env
 from pathbench.kernels.bench_kernel import _fns, _inputs
 
-SHAPES = ([tuple(map(int, x.split(","))) for x in os.environ["SHAPES"].split(";")] if "SHAPES" in os.environ
-          else [(64, 1024, 32, 16), (128, 2048, 16, 8), (128, 16384, 16, 1)])
+SHAPES = shapes_from_env([(64, 1024, 32, 16), (128, 2048, 16, 8), (128, 16384, 16, 1)])
 ROUNDS = int(os.environ.get("ROUNDS", "9"))
 
 

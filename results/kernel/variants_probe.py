@@ -13,7 +13,6 @@ variable ("D,T,H,B;D,T,H,B") replaces the default shapes.
 """
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 
@@ -50,7 +49,7 @@ def child(path, settings):
     sys.modules["pathbench.kernels.triton_path"] = tp
     spec.loader.exec_module(tp)
     import torch
-    from kernel_resources import measure  # imported after the swap: it measures this version
+    from kernel_resources import measure, shapes_from_env  # imported after the swap: it measures this version
     from pathbench.kernels.reference import path_attention_reference
     apply(tp, settings)
     # against float64, gate on: float32 at T = 700 (GPU precision settings) in one chunk and in
@@ -82,8 +81,7 @@ def child(path, settings):
     tp.ONE_CHUNK_TOKENS = one_chunk
     if fwd_one_chunk is not None:
         tp.FWD_ONE_CHUNK_TOKENS = fwd_one_chunk
-    shapes = [tuple(map(int, x.split(","))) for x in os.environ["SHAPES"].split(";")] if "SHAPES" in os.environ else SHAPES
-    for D, T, H, B in shapes:
+    for D, T, H, B in shapes_from_env(SHAPES):
         row = measure(D, T, H, B)
         print(json.dumps({"D": D, "T": T, "fwd": row["fwd_ms"], "fwdbwd": row["fwd_bwd_ms"], "mb": row["peak_mb"],
                           "k": row["kernel_ms"], "torch": row["torch_ops_ms"]}), flush=True)
