@@ -753,8 +753,9 @@ def _kernels():
                 WK = tl.dot(w, tl.trans(k), acc=WK, input_precision=PREC)
             QW = tl.where(rows[None, :] <= rows[:, None], QW, 0.0)
             WK = tl.where(rows[:, None] > rows[None, :], WK, 0.0)
+            X = _operand(X, HALF)  # from here on only a product's operand
             # intra-block logits: S = Q K^T - QW E, E = X diag(beta) WK
-            E = tl.dot(_operand(X, HALF), _operand(WK * beta[:, None], HALF), input_precision=PREC)
+            E = tl.dot(X, _operand(WK * beta[:, None], HALF), input_precision=PREC)
             s = s - tl.dot(_operand(QW, HALF), _operand(E, HALF), input_precision=PREC)
             s = s * _base2(scale)
             if HAS_GATE:
@@ -770,10 +771,10 @@ def _kernels():
                 src_c = t[:, None] * (H * D) + c * DS + slab[None, :]
                 dst_c = t[:, None] * D + c * DS + slab[None, :]
                 w = _load_f32(W, src_c, m2)
-                u = _operand(tl.dot(_operand(X, HALF), _operand(w * beta[:, None], HALF), input_precision=HPREC), HALF)
+                u = _operand(tl.dot(X, _operand(w * beta[:, None], HALF), input_precision=HPREC), HALF)
                 q = _load_f32(Q, src_c, m2)
                 tl.store(QT + dst_c, (q - tl.dot(QW, u, input_precision=PREC)).to(QT.dtype.element_ty))
-                r = tl.dot(tl.trans(_operand(X, HALF)), _operand(w, HALF), input_precision=HPREC) * beta[:, None]
+                r = tl.dot(tl.trans(X), _operand(w, HALF), input_precision=HPREC) * beta[:, None]
                 k = _load_f32(K, src_c, m2)
                 tl.store(KT + dst_c, (k - tl.dot(tl.trans(WK), _operand(r, HALF), input_precision=PREC))
                          .to(KT.dtype.element_ty))
