@@ -28,6 +28,7 @@ from pathbench.runners.report import (
     to_markdown,
     varying_config_columns,
 )
+from pathbench.runners.store import write_atomic
 
 FALLBACK_COLOURS = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78"]
 
@@ -153,7 +154,8 @@ def _bar_text(value: float) -> str:
 
 
 def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
-    """Draw every panel into one figure; write OUTPUT.png, OUTPUT.pdf and OUTPUT.md."""
+    """Draw every panel into one figure; write OUTPUT.png, OUTPUT.pdf and OUTPUT.md, each through a
+    temporary file renamed into place."""
     panels = plan_panels(frame)
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
@@ -177,12 +179,12 @@ def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
     stem = output.with_suffix("") if output.suffix in (".png", ".pdf", ".md") else output
     stem.parent.mkdir(parents=True, exist_ok=True)
     written = []
-    for suffix in (".png", ".pdf"):
-        path = stem.with_name(stem.name + suffix)
-        figure.savefig(path, dpi=200)
+    for fmt in ("png", "pdf"):
+        path = stem.with_name(f"{stem.name}.{fmt}")
+        write_atomic(path, lambda file: figure.savefig(file, format=fmt, dpi=200))
         written.append(path)
     tables = "\n\n".join(texts)
     markdown = stem.with_name(stem.name + ".md")
-    markdown.write_text(tables + "\n")
+    write_atomic(markdown, lambda file: file.write((tables + "\n").encode()))
     written.append(markdown)
     return written, tables

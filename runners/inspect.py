@@ -23,7 +23,7 @@ from pathbench.runners import store
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="PNG path (default RUN_DIR/attention.png).")
+              help="Picture path, in the format its suffix names (default RUN_DIR/attention.png).")
 @click.option("--split", default=None, help="Evaluation split of the example (default: first).")
 @click.option("--example", type=int, default=0, show_default=True,
               help="Which example of the split.")
@@ -86,6 +86,11 @@ def inspect(run_dir, output, split, example, tokens):
     figure.suptitle(f"{config['task']['name']}, {model_cfg['attention']}: {split} example "
                     f"{example}, first {shown} positions", fontsize=10)
     output = output or run_dir / "attention.png"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(output, dpi=200)
+    if not output.suffix:
+        output = output.with_suffix(".png")
+    formats = figure.canvas.get_supported_filetypes()
+    if output.suffix[1:].lower() not in formats:
+        raise UserError(f"cannot draw {str(output)!r}: unknown picture format {output.suffix!r}; "
+                        f"valid: {', '.join('.' + f for f in sorted(formats))}")
+    store.write_atomic(output, lambda file: figure.savefig(file, format=output.suffix[1:].lower(), dpi=200))
     click.echo(f"wrote {output}")

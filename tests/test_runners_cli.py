@@ -136,7 +136,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, args, m
     assert not (tmp_path / "results").exists()  # nothing was written
 
 
-def test_sweep_file_resume_results_plot_inspect(tmp_path, capsys):
+def test_sweep_file_resume_results_plot_inspect(tmp_path, capsys, monkeypatch):
     out = tmp_path / "runs"
     grids = tmp_path / "grids.toml"
     (tmp_path / "flipflop.toml").write_text(
@@ -170,9 +170,31 @@ def test_sweep_file_resume_results_plot_inspect(tmp_path, capsys):
         assert (tmp_path / "figures" / f"flipflop{suffix}").stat().st_size > 0
     assert "error per split" in stdout and "| path |" in stdout
 
+    # A plot interrupted while it draws leaves the earlier figures whole, and no temporary files.
+    from matplotlib.figure import Figure
+
+    drawn = {path.name: path.read_bytes() for path in (tmp_path / "figures").iterdir()}
+
+    def interrupted(self, file, **options):
+        if isinstance(file, (str, os.PathLike)):
+            file = open(file, "wb")
+        file.write(b"half a pict")
+        file.flush()
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Figure, "savefig", interrupted)
+        code, _, stderr = cli(capsys, "plot", out, "-o", tmp_path / "figures" / "flipflop")
+    assert code == 130, stderr
+    assert {path.name: path.read_bytes() for path in (tmp_path / "figures").iterdir()} == drawn
+
     run_dir = next(out.glob("flipflop-path-*"))
     code, stdout, _ = cli(capsys, "inspect", run_dir, "--tokens", "16")
     assert code == 0 and (run_dir / "attention.png").stat().st_size > 0
+    code, _, stderr = cli(capsys, "inspect", run_dir, "-o", tmp_path / "maps.xyz")
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert "unknown picture format '.xyz'" in stderr and ".png" in stderr and ".pdf" in stderr
+    assert not (tmp_path / "maps.xyz").exists()
 
 
 def test_packed_sweep_records_every_run_as_its_own(tmp_path, capsys):
