@@ -551,6 +551,41 @@ def test_bench_kernel_without_gpu_exits_2(capsys):
     assert len(err) == 1 and "GPU" in err[0]
 
 
+def test_bench_kernel_tables_and_csv(tmp_path, monkeypatch):
+    """The benchmark's two tables (calls launched from Python, and replayed from a CUDA graph)
+    put ours against the others, and its CSV is replaced whole or not at all."""
+    import csv
+
+    from pathbench.kernels import bench_kernel
+
+    rows = [dict(impl=impl, mode=mode, D=128, T=768, H=2, B=32, ms=ms, graph_ms=graph, peak_mb=mb)
+            for impl, ms, graph, mb in (("ours", 2.0, 1.2, 300.0), ("fla", 1.6, 1.6, 320.0), ("sdpa", 0.5, 0.3, 40.0))
+            for mode in ("fwd", "fwd+bwd")]
+    launched = bench_kernel._table(rows).splitlines()
+    replayed = bench_kernel._table(rows, "graph_ms").splitlines()
+    assert launched[2].split("|")[2].split() == ["1.25", "4.00"]  # ours/fla, ours/sdpa
+    assert replayed[2].split("|")[2].split() == ["0.75", "4.00"]
+    assert "MB" in launched[0] and "MB" not in replayed[0]
+
+    path = tmp_path / "kernel_bench.csv"
+    bench_kernel._write_csv(rows, path)
+    with open(path) as fh:
+        back = list(csv.DictReader(fh))
+    assert [(r["impl"], r["mode"], float(r["graph_ms"])) for r in back] == [
+        (r["impl"], r["mode"], r["graph_ms"]) for r in rows]
+
+    def killed(fd):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "fsync", killed)  # stopped after the new rows are written, before the rename
+        with pytest.raises(KeyboardInterrupt):
+            bench_kernel._write_csv(rows[:2], path)
+    with open(path) as fh:
+        assert len(list(csv.DictReader(fh))) == len(rows)
+    assert os.listdir(tmp_path) == ["kernel_bench.csv"]
+
+
 @pytest.mark.parametrize("hh, gate", [(True, True), (True, False), (False, True)], ids=str)
 def test_compiled_call_is_one_graph_with_the_eager_results(hh, gate):
     """Under torch.compile the kernel is an operator in the graph (fullgraph: no break), and
