@@ -58,7 +58,9 @@ def _fns(impl, args, scale):
             return parallel_path_attn(q, k, v, w, beta, g=None, scale=scale)[0]
         leaves = [q, k, v, w, beta]
     else:
-        qh, kh, vh = (x.detach().transpose(1, 2).requires_grad_(True) for x in (q, k, v))
+        # SDPA's own [B, H, T, D] layout, contiguous: leaves, not views (do_bench_cudagraph
+        # detaches its gradients' tensors in place, which a view cannot be)
+        qh, kh, vh = (x.detach().transpose(1, 2).contiguous().requires_grad_(True) for x in (q, k, v))
 
         def run():
             return torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
