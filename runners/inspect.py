@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 import numpy as np
+from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 
 from pathbench import UserError
@@ -43,6 +44,14 @@ def inspect(run_dir, output, split, example, tokens):
         raise UserError(f"{run_dir} has no trained weights (status {record['status']!r})")
     if example < 0 or tokens < 2:
         raise UserError("--example must be >= 0 and --tokens >= 2")
+    output = output or run_dir / "attention.png"
+    if not output.suffix:
+        output = output.with_suffix(".png")
+    picture_format = output.suffix[1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if picture_format not in formats:
+        raise UserError(f"cannot draw {str(output)!r}: unknown picture format {output.suffix!r}; "
+                        f"valid: {', '.join('.' + f for f in sorted(formats))}")
     config = record["config"]
     task = make_task(config["task"]["name"], config["task"]["config"])
     split = split or task.splits[1]
@@ -85,12 +94,5 @@ def inspect(run_dir, output, split, example, tokens):
     model_cfg = config["model"]
     figure.suptitle(f"{config['task']['name']}, {model_cfg['attention']}: {split} example "
                     f"{example}, first {shown} positions", fontsize=10)
-    output = output or run_dir / "attention.png"
-    if not output.suffix:
-        output = output.with_suffix(".png")
-    formats = figure.canvas.get_supported_filetypes()
-    if output.suffix[1:].lower() not in formats:
-        raise UserError(f"cannot draw {str(output)!r}: unknown picture format {output.suffix!r}; "
-                        f"valid: {', '.join('.' + f for f in sorted(formats))}")
-    store.write_atomic(output, lambda file: figure.savefig(file, format=output.suffix[1:].lower(), dpi=200))
+    store.write_atomic(output, lambda file: figure.savefig(file, format=picture_format, dpi=200))
     click.echo(f"wrote {output}")
