@@ -98,10 +98,16 @@ def _peak_mb(fn):
 FLA_ISOLATED_D = {32}
 
 
-def _measure(impl, D, T, H, B, warmup, rep):
-    """Rows for one implementation at one shape, and its forward output (float32)."""
+def _times(fn, grad_to_none, warmup, rep):
+    """fn's median ms launched from Python (do_bench) and replayed from a CUDA graph."""
     from triton.testing import do_bench, do_bench_cudagraph
 
+    ms = do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+    return ms, do_bench_cudagraph(fn, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+
+
+def _measure(impl, D, T, H, B, warmup, rep):
+    """Rows for one implementation at one shape, and its forward output (float32)."""
     args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
     fwd, fwd_bwd, leaves = _fns(impl, args, D ** -0.5)
     out = fwd().float()
@@ -109,8 +115,7 @@ def _measure(impl, D, T, H, B, warmup, rep):
     rows = []
     for mode, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
         grad_to_none = leaves if mode == "fwd+bwd" else None
-        ms = do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median")
-        graph_ms = do_bench_cudagraph(fn, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+        ms, graph_ms = _times(fn, grad_to_none, warmup, rep)
         for x in leaves:
             x.grad = None
         peak = _peak_mb(fn)

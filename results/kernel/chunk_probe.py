@@ -16,9 +16,9 @@ from pathbench.kernels import triton_path as tp
 from kernel_resources import shapes_from_env
 from pathbench.kernels.bench_kernel import _fns, _inputs, _peak_mb
 
-SHAPES = shapes_from_env([(128, 768, 2, 32), (64, 1024, 32, 16), (64, 2048, 32, 8), (64, 4096, 32, 4), (64, 8192, 32, 2),
-          (64, 16384, 32, 1), (128, 1024, 16, 16), (128, 2048, 16, 8), (128, 4096, 16, 4), (128, 8192, 16, 2),
-          (128, 16384, 16, 1)])
+SHAPES = shapes_from_env([(128, 768, 2, 32), (64, 1024, 32, 16), (64, 2048, 32, 8), (64, 4096, 32, 4),
+                          (64, 8192, 32, 2), (64, 16384, 32, 1), (128, 1024, 16, 16), (128, 2048, 16, 8),
+                          (128, 4096, 16, 4), (128, 8192, 16, 2), (128, 16384, 16, 1)])
 SIZES = (0, 256, 512, 1024, 2048)  # 0: one chunk
 if "SIZES" in os.environ:
     SIZES = tuple(map(int, os.environ["SIZES"].split(",")))

@@ -14,10 +14,9 @@ import os
 import statistics
 
 import torch
-from triton.testing import do_bench, do_bench_cudagraph
 
 from kernel_resources import shapes_from_env
-from pathbench.kernels.bench_kernel import _fns, _inputs
+from pathbench.kernels.bench_kernel import _fns, _inputs, _times
 
 SHAPES = shapes_from_env([(128, 768, 2, 32), (32, 512, 2, 64), (64, 1024, 32, 16)])
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
@@ -27,8 +26,7 @@ def timings(fwd, fwd_bwd, leaves):
     """do_bench and CUDA-graph medians (ms) of the forward and of fwd+bwd."""
     out = {}
     for name, fn, grads in (("fwd", fwd, None), ("fwd_bwd", fwd_bwd, leaves)):
-        out[name] = do_bench(fn, warmup=25, rep=100, grad_to_none=grads, return_mode="median")
-        out[name + "_graph"] = do_bench_cudagraph(fn, rep=100, grad_to_none=grads, return_mode="median")
+        out[name], out[name + "_graph"] = _times(fn, grads, warmup=25, rep=100)
     return out
 
 
