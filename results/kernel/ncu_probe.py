@@ -1,0 +1,158 @@
+"""Hardware counters of one forward+backward, ours and SDPA's, read by Nsight Compute (ncu).
+
+Where each kernel of a call stands against the GPU's ceilings: its bytes to and from DRAM,
+its DRAM and SM throughput (percent of peak), its tensor-core operations and occupancy. Run on a
+GPU from the repository root, one process a shape and implementation under ncu, then the table:
+
+    M=$(python3 results/kernel/ncu_probe.py metrics)
+    ncu --clock-control none --profile-from-start off --print-units base --metrics $M \
+        --csv --page raw --log-file ncu_ours_D64_T4096.csv \
+        python3 results/kernel/ncu_probe.py run ours 64 4096 32 4
+    python3 results/kernel/ncu_probe.py table ncu_*.csv
+
+`run` compiles and warms up the call, then profiles one call between cudaProfilerStart and
+cudaProfilerStop. ncu replays each kernel once a counter pass with the caches flushed, so its
+durations are each kernel's alone, from cold caches. The tensor-core counters count math
+operations as ncu defines them; the SDPA rows, beside the nominal FLOPs of causal attention
+(7 B H T^2 D for fwd+bwd), calibrate them.
+"""
+
+import csv
+import re
+import subprocess
+import sys
+
+# wanted counters; `metrics` keeps those this GPU's ncu knows
+METRICS = [
+    "gpu__time_duration.sum",
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "lts__t_bytes.sum",
+    "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",
+    "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "sm__ops_path_tensor_src_fp16_dst_fp32.sum",
+    "sm__ops_path_tensor_src_bf16_dst_fp32.sum",
+    "sm__ops_path_tensor_src_tf32_dst_fp32.sum",
+    "launch__registers_per_thread",
+    "launch__grid_size",
+]
+
+SHORT = {"_path_fwd_kernel": "fwd", "_bwd_within_kernel": "within", "_prep_fwd_kernel": "prep_fwd",
+         "_prep_bwd_kernel": "prep_bwd", "_bwd_cross_q_kernel": "cross_q",
+         "_bwd_cross_kv_kernel": "cross_kv", "_edges_fwd_kernel": "edges_fwd",
+         "_edges_bwd_kernel": "edges_bwd"}
+
+
+def metrics():
+    """The wanted counters that this GPU's ncu lists (a short safe list if it cannot list them)."""
+    query = subprocess.run(["ncu", "--query-metrics"], capture_output=True, text=True)
+    names = {line.split()[0] for line in query.stdout.splitlines() if line.strip()}
+    known = [m for m in METRICS if m.split(".")[0] in names]
+    print(",".join(known or METRICS[:3]))
+
+
+def run(impl, D, T, H, B):
+    import torch
+
+    from pathbench.kernels.bench_kernel import _fns, _inputs
+
+    args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
+    fwd_bwd = _fns(impl, args, D ** -0.5)[1]
+    for _ in range(3):
+        fwd_bwd()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    fwd_bwd()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def _number(text):
+    return float(text.replace(",", "")) if re.fullmatch(r"[-+0-9.,eE]+", text or "") else None
+
+
+def _rows(path):
+    """ncu's raw CSV: a header of metric names, a row of units, then one row a kernel launch."""
+    with open(path) as f:
+        lines = [line for line in f if not line.startswith("==")]
+    table = list(csv.reader(lines[next(i for i, line in enumerate(lines) if line.startswith('"ID"')):]))
+    header, units = table[0], table[1]
+    scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "byte": 1e-6, "Kbyte": 1e-3,
+             "Mbyte": 1.0, "Gbyte": 1e3}
+    rows = []
+    for values in table[2:]:
+        row = dict(zip(header, values))
+        out = {"name": row["Kernel Name"]}
+        for name, unit in zip(header, units):
+            value = _number(row.get(name))
+            if name in METRICS and value is not None:
+                out[name] = value * scale.get(unit, 1.0)  # times in ms, bytes in MB
+        rows.append(out)
+    return rows
+
+
+def _sum(row, names):
+    """The sum of those counters the row has, or None where it has none of them."""
+    values = [row[m] for m in names if m in row]
+    return sum(values) if values else None
+
+
+def _kernel_label(name):
+    for full, short in SHORT.items():
+        if full in name:
+            return short
+    return name.split("(")[0][-48:]
+
+
+def table(paths):
+    cols = [("ms", "gpu__time_duration.sum", "{:.3f}"),
+            ("DRAM MB", None, "{:.0f}"),
+            ("DRAM TB/s", None, "{:.2f}"),
+            ("DRAM %", "dram__throughput.avg.pct_of_peak_sustained_elapsed", "{:.0f}"),
+            ("SM %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", "{:.0f}"),
+            ("tensor Tops/s", None, "{:.0f}"),
+            ("L2 MB", "lts__t_bytes.sum", "{:.0f}"),
+            ("local MB", None, "{:.0f}"),
+            ("occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", "{:.0f}"),
+            ("regs", "launch__registers_per_thread", "{:.0f}")]
+    for path in paths:
+        impl, d, t, h, b = re.search(r"ncu_(\w+?)_D(\d+)_T(\d+)_H(\d+)_B(\d+)", path).groups()
+        D, T, H, B = map(int, (d, t, h, b))
+        print(f"\n{impl}, D={D} T={T} H={H} B={B}: one fwd+bwd, each kernel alone from cold caches")
+        print("| kernel | " + " | ".join(c[0] for c in cols) + " |")
+        print("|---" * (len(cols) + 1) + "|")
+        total_ms = total_dram = total_ops = 0.0
+        for r in _rows(path):
+            ms = r.get("gpu__time_duration.sum", 0.0)
+            dram = r.get("dram__bytes_read.sum", 0.0) + r.get("dram__bytes_write.sum", 0.0)
+            ops = _sum(r, [m for m in METRICS if m.startswith("sm__ops_path_tensor")])
+            local = _sum(r, ["l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",
+                             "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"])
+            derived = {"DRAM MB": dram, "DRAM TB/s": dram / ms * 1e-3 if ms else None,
+                       "tensor Tops/s": ops / ms * 1e-9 if ms and ops is not None else None,
+                       "local MB": local}
+            cells = []
+            for title, metric, fmt in cols:
+                value = derived[title] if metric is None else r.get(metric)
+                cells.append("-" if value is None else fmt.format(value))
+            print(f"| {_kernel_label(r['name'])} | " + " | ".join(cells) + " |")
+            total_ms, total_dram, total_ops = total_ms + ms, total_dram + dram, total_ops + (ops or 0.0)
+        print(f"all kernels: {total_ms:.3f} ms, {total_dram:.0f} MB to and from DRAM "
+              f"({total_dram / total_ms * 1e-3:.2f} TB/s), {total_ops:.3g} tensor operations "
+              f"({total_ops / total_ms * 1e-9:.0f} T/s); causal attention's nominal fwd+bwd FLOPs, "
+              f"7 B H T^2 D = {7 * B * H * T * T * D:.3g}")
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "metrics":
+        metrics()
+    elif mode == "run":
+        run(sys.argv[2], *map(int, sys.argv[3:7]))
+    else:
+        table(sys.argv[2:])
