@@ -6,7 +6,7 @@ GPU from the repository root, one process a shape and implementation under ncu, 
 
     M=$(python3 results/kernel/ncu_probe.py metrics)
     ncu --clock-control none --profile-from-start off --print-units base --metrics $M \
-        --csv --page raw --log-file ncu_ours_D64_T4096.csv \
+        --csv --page raw --log-file ncu_ours_D64_T4096_H32_B4.csv \
         python3 results/kernel/ncu_probe.py run ours 64 4096 32 4
     python3 results/kernel/ncu_probe.py table ncu_*.csv
 
@@ -33,14 +33,11 @@ METRICS = [
     "lts__t_bytes.sum",
     "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",
     "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",
-    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
-    "sm__ops_path_tensor_src_fp16_dst_fp32.sum",
-    "sm__ops_path_tensor_src_fp16.sum",
+    "sm__ops_path_tensor_src_fp16.sum",  # float16 sources, any accumulator
     "sm__ops_path_tensor_src_bf16_dst_fp32.sum",
     "sm__ops_path_tensor_src_tf32_dst_fp32.sum",
     "launch__registers_per_thread",
-    "launch__grid_size",
 ]
 
 TENSOR_PIPE = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed"
@@ -89,8 +86,7 @@ def _rows(path):
         lines = [line for line in f if not line.startswith("==")]
     table = list(csv.reader(lines[next(i for i, line in enumerate(lines) if line.startswith('"ID"')):]))
     header, units = table[0], table[1]
-    scale = {"ns": 1e-6, "us": 1e-3, "nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "byte": 1e-6, "Kbyte": 1e-3,
-             "Mbyte": 1.0, "Gbyte": 1e3}
+    scale = {"ns": 1e-6, "byte": 1e-6}  # ncu's base units (--print-units base) to ms and MB
     rows = []
     for values in table[2:]:
         row = dict(zip(header, values))
