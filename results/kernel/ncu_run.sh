@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One run on a lent H200: ncu_probe.py's hardware counters for one fwd+bwd of ours and of SDPA
 # at each shape of SHAPES ("D,T,H,B D,T,H,B"; default: the benchmark's 4096- and 16384-token
-# shapes). Writes ncu_setup.log, ncu.log and ncu_csv.tar.gz (ncu_<impl>_D<D>_T<T>_H<H>_B<B>.csv, ncu's
-# raw output) under $OUT.
+# shapes). Writes ncu_setup.log, ncu.log and ncu_csv.tar.gz (ncu's raw output,
+# ncu_<impl>_D<D>_T<T>_H<H>_B<B>.csv) under $OUT.
 # TREE: the commit whose tree runs (a copied working tree may carry older git metadata).
 set -o pipefail
 command -v ncu >/dev/null || PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ | tail -n 1)
