@@ -41,10 +41,6 @@ METRICS = [
 ]
 
 TENSOR_PIPE = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed"
-SHORT = {"_path_fwd_kernel": "fwd", "_bwd_within_kernel": "within", "_prep_fwd_kernel": "prep_fwd",
-         "_prep_bwd_kernel": "prep_bwd", "_bwd_cross_q_kernel": "cross_q",
-         "_bwd_cross_kv_kernel": "cross_kv", "_edges_fwd_kernel": "edges_fwd",
-         "_edges_bwd_kernel": "edges_bwd"}
 
 
 def metrics():
@@ -106,7 +102,9 @@ def _sum(row, names):
 
 
 def _kernel_label(name):
-    for full, short in SHORT.items():
+    from kernel_resources import NAMES  # the kernels' short names, as resources.log has them
+
+    for full, short in NAMES.items():
         if full in name:
             return short
     return name.split("(")[0][-48:]

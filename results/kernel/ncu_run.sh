@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One run on a lent H200: ncu_probe.py's hardware counters for one fwd+bwd of ours and of SDPA
-# at each shape of SHAPES ("D,T,H,B D,T,H,B"; default: the benchmark's 4096- and 16384-token
-# shapes). Writes ncu_setup.log, ncu.log and ncu_csv.tar.gz (ncu's raw output,
+# at each shape of SHAPES ("D,T,H,B;D,T,H,B", as the other probes take it; default: the
+# benchmark's 4096- and 16384-token shapes). Writes ncu_setup.log, ncu.log and ncu_csv.tar.gz (ncu's raw output,
 # ncu_<impl>_D<D>_T<T>_H<H>_B<B>.csv) under $OUT.
 # TREE: the commit whose tree runs (a copied working tree may carry older git metadata).
 set -o pipefail
@@ -16,7 +16,8 @@ metrics=$(python3 results/kernel/ncu_probe.py metrics)
 echo "counters: $metrics" | tee -a "$OUT/ncu_setup.log"
 ncu --query-metrics | grep -E "ops_path_tensor|pipe_tensor" >>"$OUT/ncu_setup.log"
 csvs=$(mktemp -d)
-for shape in ${SHAPES:-64,4096,32,4 128,4096,16,4 64,16384,32,1 128,16384,16,1}; do
+IFS=';' read -ra shapes <<<"${SHAPES:-64,4096,32,4;128,4096,16,4;64,16384,32,1;128,16384,16,1}"
+for shape in "${shapes[@]}"; do
   IFS=, read -r D T H B <<<"$shape"
   for impl in ours sdpa; do
     timeout 200 ncu --clock-control none --profile-from-start off --print-units base \
