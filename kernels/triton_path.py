@@ -127,7 +127,7 @@ _KERNELS = None
 def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
     # the helpers are module globals: kernels look names up there
-    global _KERNELS, _carry, _back_across, _logits, _softmax_step, _attend, _query_tile, _load_f32, _dot_rows, \
+    global _KERNELS, _carry, _back_across, _sum_so_far, _logits, _softmax_step, _attend, _query_tile, _load_f32, _dot_rows, \
         _head, _load_rows, _operand, _load_op, _inverse, _scaled, _base2
     if _KERNELS is not None:
         return _KERNELS
@@ -146,10 +146,11 @@ def _kernels():
         return xm
 
     @triton.jit
-    def _back_across(dr, r, rs, rows, dm, mats, j, cols, D: tl.constexpr, RELOAD: tl.constexpr,
+    def _back_across(dr, r, rs, rows, dm, mats, j, added, cols, D: tl.constexpr, RELOAD: tl.constexpr,
                      ADJ16: tl.constexpr, PREC: tl.constexpr):
         """The adjoint dr of rows r carried back across M_j, the j-th D x D product at mats: adds
-        r^T dr into dL/dM_j (the j-th at dm) and returns dr M_j^T. r^T dr goes in row slabs of at
+        r^T dr into dL/dM_j (the j-th at dm; stores it there where the program has not added to
+        it before: `added`, _sum_so_far) and returns dr M_j^T. r^T dr goes in row slabs of at
         most 64 (smaller layout conversions), each slab of r loaded again from rs (at rows) with
         RELOAD (r is one slab otherwise).
 
@@ -167,14 +168,22 @@ def _kernels():
                 rsl = r
             dm_ptr = dm + j * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
             if ADJ16:
-                tl.store(dm_ptr, tl.load(dm_ptr) + tl.dot(tl.trans(rsl.to(tl.float16)), drs) * down)
+                tl.store(dm_ptr, _sum_so_far(dm_ptr, added) + tl.dot(tl.trans(rsl.to(tl.float16)), drs) * down)
             else:
-                tl.store(dm_ptr, tl.dot(tl.trans(rsl), dr, acc=tl.load(dm_ptr), input_precision=PREC))
+                tl.store(dm_ptr, tl.dot(tl.trans(rsl), dr, acc=_sum_so_far(dm_ptr, added), input_precision=PREC))
         if ADJ16:
             dr = _carry(drs, mats + j * D * D, cols, D, True, True, PREC) * down
         else:
             dr = _carry(dr, mats + j * D * D, cols, D, True, False, PREC)
         return dr
+
+    @triton.jit
+    def _sum_so_far(ptr, added):
+        """A partial sum at ptr, or 0 where this program has not added to it yet (added false):
+        the first addition stores, so that the sums need no zero-filled buffers, whose zeros
+        would go to memory and be read back. (The mask is a block: the interpreter takes no
+        scalar one.)"""
+        return tl.load(ptr, mask=tl.full(ptr.shape, 0, tl.int32) < added, other=0.0)
 
     @triton.jit
     def _head(X, bh, H, stride_b, stride_h):
@@ -418,24 +427,25 @@ def _kernels():
         DS: tl.constexpr = 64 if D > 64 else D  # rows of dL/dM zeroed at a time
         start = first + QB * lo
         end = tl.minimum(first + QB * hi, tl.minimum(first + C, N))  # the program's blocks end there
+        # A tile walks the key blocks from the chunk's first to the one before its last block, so
+        # the sums of dK, dL/dM and the gate's columns begin at the walk's first visit: at the
+        # first tile, for every block it walks; after it, for the two blocks before the tile's
+        # last (the previous tile walked up to the one before those). The blocks after the last
+        # tile's walk are never walked here: their sums are zero.
+        last = start + QB * ((end - 1 - start) // QB)
+        for zb in range(last + QB - 1, end):
+            offs_z = zb * BT + krows
+            tl.store(DK + offs_z[:, None] * D + cols[None, :], tl.zeros([BT, D], dtype=tl.float32))
+            if HAS_GATE:
+                tl.store(DGCOL + offs_z, tl.zeros([BT], dtype=tl.float32))
+            if HAS_HH:
+                for sl in tl.static_range(D // DS):
+                    tl.store(DM + zb * D * D + (sl * DS + tl.arange(0, DS))[:, None] * D + cols[None, :],
+                             tl.zeros([DS, D], dtype=tl.float32))
         for ib in range(start, end, QB):
             # the previous tile's reads of RS and the partial sums are done
             tl.debug_barrier()
-            # the sums no earlier tile of this program has added to start at zero here: those of
-            # the tile's own blocks and, at the first tile, of the blocks before it (the own
-            # blocks' dV is stored below, not added to)
-            for zb in range(tl.where(ib == start, first, ib), tl.minimum(ib + QB, end)):
-                offs_z = zb * BT + krows
-                tl.store(DK + offs_z[:, None] * D + cols[None, :], tl.zeros([BT, D], dtype=tl.float32))
-                if zb < start:
-                    tl.store(DV + offs_z[:, None] * D + cols[None, :], tl.zeros([BT, D], dtype=tl.float32))
-                if HAS_GATE:
-                    tl.store(DGCOL + offs_z, tl.zeros([BT], dtype=tl.float32))
-                if HAS_HH:
-                    for sl in tl.static_range(D // DS):
-                        tl.store(DM + zb * D * D + (sl * DS + tl.arange(0, DS))[:, None] * D + cols[None, :],
-                                 tl.zeros([DS, D], dtype=tl.float32))
-            # each block's own keys, and its delta
+            # each block's own keys, and its delta; a block's dV begins with its own keys' term
             for h in tl.static_range(QB):
                 hb = ib + h
                 if hb < N:
@@ -481,6 +491,7 @@ def _kernels():
             dr = tl.zeros([QB * BT, D], dtype=tl.float32)
             # key blocks first to last; a pair's last one, block ib, is the second block's alone
             for jb in range(first, ib + QB - 1):
+                added = (ib > start) & (jb < ib - 1)  # this program has added to dK_jb (see above)
                 offs_j = jb * BT + krows
                 tile_j = offs_j[:, None] * D + cols[None, :]
                 rs_j = RS + jb * QB * BT * D
@@ -497,17 +508,20 @@ def _kernels():
                 dp = tl.dot(do, tl.trans(_load_rows(V, offs_j, cols, VST, T)), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
                 dsb = (ds * scale).to(DT)
+                # dV_jb has its own keys' term, unless jb lies before the program's blocks
                 dv_ptr = DV + tile_j
-                tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=tl.load(dv_ptr), input_precision=PREC))
+                dv = _sum_so_far(dv_ptr, (ib > start) | (jb >= start))
+                tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=dv, input_precision=PREC))
                 dk_ptr = DK + tile_j
-                tl.store(dk_ptr, tl.dot(tl.trans(dsb), rb, acc=tl.load(dk_ptr), input_precision=PREC))
+                tl.store(dk_ptr, tl.dot(tl.trans(dsb), rb, acc=_sum_so_far(dk_ptr, added), input_precision=PREC))
                 if HAS_GATE:
                     dg_row += tl.sum(ds, 1)
                     dgc_ptr = DGCOL + offs_j
-                    tl.store(dgc_ptr, tl.load(dgc_ptr) - tl.sum(ds, 0))
+                    tl.store(dgc_ptr, _sum_so_far(dgc_ptr, added) - tl.sum(ds, 0))
                 if HAS_HH:
                     # dr is dL/d(queries before block jb); carry it back across the block
-                    dr = _back_across(dr, r, rs_j, rows, DM, MB, jb, cols, D, (D > 64) | (QB > 1), ADJ16, PREC)
+                    dr = _back_across(dr, r, rs_j, rows, DM, MB, jb, added, cols, D, (D > 64) | (QB > 1), ADJ16,
+                                      PREC)
                 dr = tl.dot(dsb, kt, acc=dr, input_precision=PREC)
             tl.store(DQT + tile_i, dr, mask=((rows >= (QB - 1) * BT) & valid)[:, None])
             tl.store(DGROW + offs_i, dg_row, mask=valid)
@@ -580,7 +594,8 @@ def _kernels():
                     r = tl.load(rs_c + rows[:, None] * D + cols[None, :]).to(r.dtype)
                     if c > 0:
                         # a pair's r is in the data dtype: its float32 slabs come from RS
-                        dr = _back_across(dr, r, rs_c, rows, DMCP, MC, c, cols, D, (D > 64) | (QB > 1), ADJ16, PREC)
+                        dr = _back_across(dr, r, rs_c, rows, DMCP, MC, c, True, cols, D, (D > 64) | (QB > 1), ADJ16,
+                                          PREC)
                 for jb in range(c * C, c * C + C):
                     offs_j = jb * BT + krows
                     tile_j = offs_j[:, None] * D + cols[None, :]
