@@ -429,9 +429,9 @@ def _kernels():
         end = tl.minimum(first + QB * hi, tl.minimum(first + C, N))  # the program's blocks end there
         # A tile walks the key blocks from the chunk's first to the one before its last block, so
         # the sums of dK, dL/dM and the gate's columns begin at the walk's first visit: at the
-        # first tile, for every block it walks; after it, for the two blocks before the tile's
-        # last (the previous tile walked up to the one before those). The blocks after the last
-        # tile's walk are never walked here: their sums are zero.
+        # first tile, for every block it walks; after it, for the blocks from the one before the
+        # tile's first on (the previous tile walked up to the one before that). The blocks after
+        # the last tile's walk are never walked here: their sums are zero.
         last = start + QB * ((end - 1 - start) // QB)
         for zb in range(last + QB - 1, end):
             offs_z = zb * BT + krows
