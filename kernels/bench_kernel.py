@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from pathbench import UserError
-from pathbench.runners.store import write_atomic
+from pathbench.runners.store import write_atomic, write_text_atomic
 
 TOKENS = 16384
 LONG_SHAPES = [(D, T, 32 if D == 64 else 16, TOKENS // T) for D in (64, 128)
@@ -209,7 +209,7 @@ def _write_csv(rows, path):
     writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    write_atomic(path, lambda file: file.write(text.getvalue().encode()))
+    write_text_atomic(path, text.getvalue())
 
 
 def _plot(rows, path):

@@ -28,7 +28,7 @@ from pathbench.runners.report import (
     to_markdown,
     varying_config_columns,
 )
-from pathbench.runners.store import write_atomic
+from pathbench.runners.store import write_atomic, write_text_atomic
 
 FALLBACK_COLOURS = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78"]
 
@@ -185,6 +185,6 @@ def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
         written.append(path)
     tables = "\n\n".join(texts)
     markdown = stem.with_name(stem.name + ".md")
-    write_atomic(markdown, lambda file: file.write((tables + "\n").encode()))
+    write_text_atomic(markdown, tables + "\n")
     written.append(markdown)
     return written, tables

@@ -66,9 +66,13 @@ def write_atomic(path: Path, write: Callable) -> None:
         raise
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    data = (json.dumps(obj, indent=2) + "\n").encode()
+def write_text_atomic(path: Path, text: str) -> None:
+    data = text.encode()
     write_atomic(path, lambda file: file.write(data))
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 def canonical_json(obj: Any) -> str:
