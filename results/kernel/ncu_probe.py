@@ -9,6 +9,7 @@ GPU from the repository root, one process a shape and implementation under ncu, 
         --csv --page raw --log-file ncu_ours_D64_T4096_H32_B4.csv \
         python3 results/kernel/ncu_probe.py run ours 64 4096 32 4
     python3 results/kernel/ncu_probe.py table ncu_*.csv
+    python3 results/kernel/ncu_probe.py sums ncu_*.csv
 
 `run` compiles and warms up the call, then profiles one call between cudaProfilerStart and
 cudaProfilerStop. ncu replays each kernel once a counter pass with the caches flushed, so its
@@ -41,6 +42,11 @@ METRICS = [
 ]
 
 TENSOR_PIPE = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed"
+
+# the rows of `sums`: our kernels in the order a fwd+bwd runs them (kernel_resources.NAMES'
+# short names), then SDPA's, then the rest
+SUM_ROWS = ["prep_fwd", "edges_fwd", "fwd", "within", "cross_q", "cross_kv", "edges_bwd", "prep_bwd",
+            "forward", "backward", "torch operations", "other kernels"]
 
 
 def metrics():
@@ -110,6 +116,19 @@ def _kernel_label(name):
     return name.split("(")[0][-48:]
 
 
+def _shape(path):
+    impl, d, t, h, b = re.search(r"ncu_(\w+?)_D(\d+)_T(\d+)_H(\d+)_B(\d+)", path).groups()
+    return impl, *map(int, (d, t, h, b))
+
+
+def _dram_mb(row):
+    return row.get("dram__bytes_read.sum", 0.0) + row.get("dram__bytes_write.sum", 0.0)
+
+
+def _tensor_ops(row):
+    return _sum(row, [m for m in METRICS if m.startswith("sm__ops_path_tensor")])
+
+
 def table(paths):
     cols = [("ms", "gpu__time_duration.sum", "{:.3f}"),
             ("DRAM MB", None, "{:.0f}"),
@@ -123,16 +142,15 @@ def table(paths):
             ("occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", "{:.0f}"),
             ("regs", "launch__registers_per_thread", "{:.0f}")]
     for path in paths:
-        impl, d, t, h, b = re.search(r"ncu_(\w+?)_D(\d+)_T(\d+)_H(\d+)_B(\d+)", path).groups()
-        D, T, H, B = map(int, (d, t, h, b))
+        impl, D, T, H, B = _shape(path)
         print(f"\n{impl}, D={D} T={T} H={H} B={B}: one fwd+bwd, each kernel alone from cold caches")
         print("| kernel | " + " | ".join(c[0] for c in cols) + " |")
         print("|---" * (len(cols) + 1) + "|")
         total_ms = total_dram = total_ops = 0.0
         for r in _rows(path):
             ms = r.get("gpu__time_duration.sum", 0.0)
-            dram = r.get("dram__bytes_read.sum", 0.0) + r.get("dram__bytes_write.sum", 0.0)
-            ops = _sum(r, [m for m in METRICS if m.startswith("sm__ops_path_tensor")])
+            dram = _dram_mb(r)
+            ops = _tensor_ops(r)
             local = _sum(r, ["l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",
                              "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"])
             derived = {"DRAM MB": dram, "DRAM TB/s": dram / ms * 1e-3 if ms else None,
@@ -150,11 +168,58 @@ def table(paths):
               f"7 B H T^2 D = {7 * B * H * T * T * D:.3g}")
 
 
+def _group(impl, name):
+    """The row of the per-kernel sums that a launch adds to: one of our kernels by its short
+    name, SDPA's forward or backward, or the rest (torch operations around our kernels, SDPA's
+    two small kernels)."""
+    if impl == "ours":
+        label = _kernel_label(name)
+        return label if label in SUM_ROWS else "torch operations"
+    for part, group in (("fprop", "forward"), ("bprop", "backward")):
+        if part in name:
+            return group
+    return "other kernels"
+
+
+def sums(paths):
+    """Each kernel's launches summed, one table a file: ms, DRAM GB, tensor operations a second,
+    and the tensor pipe's busiest launch (the tables under "Where the time goes")."""
+    for path in paths:
+        impl, D, T, H, B = _shape(path)
+        print(f"\n{impl}, D={D} T={T} H={H} B={B}: each kernel's launches in one fwd+bwd, summed")
+        print("| kernel | launches | ms | DRAM GB | tensor Tops/s | tensor pipe % (busiest launch) |")
+        print("|---|---|---|---|---|---|")
+        groups = {}
+        for r in _rows(path):
+            g = groups.setdefault(_group(impl, r["name"]), dict(n=0, ms=0.0, mb=0.0, ops=0.0, pipe=None))
+            g["n"] += 1
+            g["ms"] += r.get("gpu__time_duration.sum", 0.0)
+            g["mb"] += _dram_mb(r)
+            g["ops"] += _tensor_ops(r) or 0.0
+            if TENSOR_PIPE in r:
+                g["pipe"] = max(g["pipe"] or 0.0, r[TENSOR_PIPE])
+        total = dict(n=0, ms=0.0, mb=0.0, ops=0.0, pipe=None)
+        for name in sorted(groups, key=SUM_ROWS.index):
+            g = groups[name]
+            for key in ("n", "ms", "mb", "ops"):
+                total[key] += g[key]
+            print(_sums_row(name, g))
+        print(_sums_row("**all kernels**", total))
+
+
+def _sums_row(name, g):
+    rate = f"{g['ops'] / g['ms'] * 1e-9:.0f}" if g["ops"] and g["ms"] else "-"
+    pipe = "-" if g["pipe"] is None else f"{g['pipe']:.0f}"
+    return f"| {name} | {g['n']} | {g['ms']:.3f} | {g['mb'] * 1e-3:.2f} | {rate} | {pipe} |"
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "metrics":
         metrics()
     elif mode == "run":
         run(sys.argv[2], *map(int, sys.argv[3:7]))
+    elif mode == "sums":
+        sums(sys.argv[2:])
     else:
         table(sys.argv[2:])

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One run on a lent H200: ncu_probe.py's hardware counters for one fwd+bwd of ours and of SDPA
 # at each shape of SHAPES ("D,T,H,B;D,T,H,B", as the other probes take it; default: the
-# benchmark's 4096- and 16384-token shapes). Writes ncu_setup.log, ncu.log and ncu_csv.tar.gz (ncu's raw output,
+# benchmark's 4096- and 16384-token shapes). Writes ncu_setup.log, ncu.log (every launch),
+# ncu_sums.log (each kernel's launches summed) and ncu_csv.tar.gz (ncu's raw output,
 # ncu_<impl>_D<D>_T<T>_H<H>_B<B>.csv) under $OUT.
 # TREE: the commit whose tree runs (a copied working tree may carry older git metadata).
 set -o pipefail
@@ -28,3 +29,4 @@ for shape in "${shapes[@]}"; do
 done
 tar -czf "$OUT/ncu_csv.tar.gz" -C "$csvs" .
 python3 results/kernel/ncu_probe.py table "$csvs"/ncu_*.csv | tee "$OUT/ncu.log"
+python3 results/kernel/ncu_probe.py sums "$csvs"/ncu_*.csv | tee "$OUT/ncu_sums.log"
