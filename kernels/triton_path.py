@@ -68,6 +68,7 @@ logits, G and log-sum-exps are in base 2 (times log2 e), so that each probabilit
       go back into dQt, dKt and dM through the adjoints of P_b and S_b, from the P_b and S_b
       that the backward's chunk edges stored; the queries' side right after scan b, the keys'
       side after scan c, so that each side's buffers are freed before the next are allocated.
+      The first chunk's queries and the last chunk's keys have no program: their terms are 0.
       With 16-bit inputs at HALF_BLOCK_HEAD_DIMS both chunk-edge kernels take float16 operands
       (the adjoints scaled into float16's range) and the whole head at once.
    Partial sums that several programs make (dMc; dV, dKt, dM within a chunk when it has NG
@@ -754,7 +755,7 @@ def _kernels():
                     Z = tl.dot(tl.where(c, L, 0.0), X, input_precision=XPREC)  # C A^-1
                     X = X - tl.dot(X, Z, input_precision=XPREC)  # B^-1 C A^-1 below A^-1
             if SAVE_X:  # for the backward
-                tl.store(XO + si, X)
+                tl.store(XO + si, X.to(XO.dtype.element_ty))
             s = tl.zeros([BT, BT], dtype=tl.float32)  # Q K^T
             QW = tl.zeros([BT, BT], dtype=tl.float32)  # Q W^T
             WK = tl.zeros([BT, BT], dtype=tl.float32)  # W K^T
@@ -1045,8 +1046,13 @@ def _kernels():
         #   Sbar_b = Kt_b^T dKc_b + M_b Sbar_{b-1},    dM_b += S_b Sbar_{b-1}^T,  dKt_b += dKc_b S_b^T
         # With float16 operands (HALF) the whole head fits in registers, so that each block's dM
         # and dXt are read and written once; otherwise column slab by column slab, as in the
-        # forward, each slab adding its share of the sums.
+        # forward, each slab adding its share of the sums. A side has no program for the chunk
+        # where all its terms are zero (the scans do not write dX there): the queries' side for
+        # the first chunk (its queries cross no chunk, and none cross it: dQs = 0, dMc = 0),
+        # the keys' side for the last (no queries come after it: dKc = 0).
         c = tl.program_id(0)
+        if not KEYS:
+            c += 1
         bh = tl.program_id(1).to(tl.int64)
         NC = (N + C - 1) // C
         first = c * C
@@ -1386,7 +1392,9 @@ def _kernel_inputs(q, k, w, beta):
 
 def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x):
     """Block-local algebra (Triton, one program per block): (Qt, Kt, M, SI, X), M None without w,
-    X (the blocks' inverses [B, H, N, BT, BT], float32, for the backward) None without save_x."""
+    X (the blocks' inverses [B, H, N, BT, BT], for the backward) None without save_x. X is
+    float16 where the block-local kernels take float16 operands (_half_blocks), since the
+    backward's products take it so: rounded once when stored, not at every load."""
     B, T, H, D = q.shape
     dev = q.device
     Tp = N * BT
@@ -1397,7 +1405,8 @@ def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x):
     Kt = torch.empty(B, H, Tp, D, dtype=sd, device=dev)
     Mb = torch.empty(B, H, N, D, D, dtype=_hh_dtype(q), device=dev) if has_hh else None
     SI = torch.empty(B, H, N, BT, BT, **f32)
-    X = torch.empty(B, H, N, BT, BT, **f32) if has_hh and save_x else None
+    x_dtype = torch.float16 if _half_blocks(q.dtype, D) else torch.float32
+    X = torch.empty(B, H, N, BT, BT, dtype=x_dtype, device=dev) if has_hh and save_x else None
     _kernels()[2][(N, B * H)](
         q, k, w if has_hh else dummy, beta if has_hh else dummy, dummy if G is None else G,
         Qt, Kt, dummy if Mb is None else Mb, SI, dummy if X is None else X,
@@ -1515,10 +1524,12 @@ def _chunk_edges_backward(X, Mb, saved, dX, dMc, dXt, dM, C, prec, launch_opts):
     """Add one side of the chunk edges' gradients into dXt and dM (float32, in place): the
     queries' (X = Qt, saved = PS, dX = dQs, with dMc) or, with dMc None, the keys' (X = Kt,
     saved = SS, dX = dKc). Two launches, so that each side's buffers can go before the other's
-    scan. float16 operands where the block products are float16 (_half_blocks)."""
+    scan; each has a program a chunk but one (the first chunk's queries, the last chunk's keys: their
+    terms are zero, and dX is not read there). float16 operands where the block products are
+    float16 (_half_blocks)."""
     B, H, Tp, D = X.shape
     N = Mb.shape[2]
-    _kernels()[7][(-(-N // C), B * H)](
+    _kernels()[7][(-(-N // C) - 1, B * H)](
         X, Mb, saved, dX, _dummy(X.device) if dMc is None else dMc, dXt, dM, N, C,
         D=D, BT=Tp // N, KEYS=dMc is None, PREC=prec, HALF=_half_blocks(Mb.dtype, D), **launch_opts,
     )
@@ -1694,7 +1705,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             # their own partial sums
             QB = _query_blocks("cross_q", D)
             NGq = _num_groups(-(-(N - C) // QB), B * H, dev, opts("cross_q").get("num_warps"))
-            dQs = torch.zeros(B, H, Tp, D, **f32)
+            dQs = torch.empty(B, H, Tp, D, **f32)  # the first chunk's rows are neither written nor read
             dMcp = torch.zeros(B, H, NGq, NC, D, D, **f32) if has_hh else dummy
             RSc = torch.empty(B, H, NGq, NC, QB * BT, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
             _kernels()[4][(NGq, B * H)](
@@ -1708,11 +1719,11 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
                 _chunk_edges_backward(Qt, Mb, PS, dQs, dMc.contiguous(), dQt, dM, C, prec, opts("edges_bwd"))
                 del dMc, dMcp, PS
             else:
-                dQt += dQs
+                dQt[:, :, C * BT:] += dQs[:, :, C * BT:]
             del dQs
             # dKc and the rest of dV (keys first)
             NGk = _num_groups((NC - 1) * C, B * H, dev, opts("cross_kv").get("num_warps"))
-            dKc = torch.zeros(B, H, Tp, D, **f32)
+            dKc = torch.empty(B, H, Tp, D, **f32)  # the last chunk's rows are neither written nor read
             KS = torch.empty(B, H, NGk, NC, BT, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
             _kernels()[5][(NGk, B * H)](
                 Qs, Kc, V, Mc, G, lse, dO, delta,
@@ -1724,7 +1735,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
                 _chunk_edges_backward(Kt, Mb, SS, dKc, None, dKt, dM, C, prec, opts("edges_bwd"))
                 del SS
             else:
-                dKt += dKc
+                dKt[:, :, :(NC - 1) * C * BT] += dKc[:, :, :(NC - 1) * C * BT]
             del dKc, Qs, Kc, Mc
 
         # 3. the block-local algebra; dv's float32 sums go first, as dv in v's dtype and layout
