@@ -1109,8 +1109,9 @@ INTERPRET_GROUPS = 1
 MAX_GROUPS = 16
 # Tokens a chunk spans on the GPU. Work within chunks grows with their size, carries across
 # chunks with their number; fwd+bwd on the H200 (results/kernel/chunk_probe.log,
-# chunk_probe_groups.log) was fastest with one chunk up to ONE_CHUNK_TOKENS, chunks of
-# CHUNK_TOKENS up to LONG_TOKENS, and chunks of LONG_CHUNK_TOKENS beyond.
+# chunk_probe_groups.log, and chunk_probe_sizes.log on the final kernel) was fastest with one
+# chunk up to ONE_CHUNK_TOKENS, chunks of CHUNK_TOKENS up to LONG_TOKENS, and chunks of
+# LONG_CHUNK_TOKENS beyond.
 ONE_CHUNK_TOKENS = 1024
 CHUNK_TOKENS = 512
 LONG_TOKENS = 4096
