@@ -1406,14 +1406,15 @@ def _prepare(q, k, w, beta, G, scale, BT, N, prec, sd, launch_opts, save_x):
     Kt = torch.empty(B, H, Tp, D, dtype=sd, device=dev)
     Mb = torch.empty(B, H, N, D, D, dtype=_hh_dtype(q), device=dev) if has_hh else None
     SI = torch.empty(B, H, N, BT, BT, **f32)
-    x_dtype = torch.float16 if _half_blocks(q.dtype, D) else torch.float32
-    X = torch.empty(B, H, N, BT, BT, dtype=x_dtype, device=dev) if has_hh and save_x else None
+    half = _half_blocks(q.dtype, D)
+    X = (torch.empty(B, H, N, BT, BT, dtype=torch.float16 if half else torch.float32, device=dev)
+         if has_hh and save_x else None)
     _kernels()[2][(N, B * H)](
         q, k, w if has_hh else dummy, beta if has_hh else dummy, dummy if G is None else G,
         Qt, Kt, dummy if Mb is None else Mb, SI, dummy if X is None else X,
         T, H, N, float(scale),
         D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=G is not None, PREC=prec, HPREC=_hprec(q.dtype, dev),
-        SAVE_X=X is not None, XPREC=_xprec(q.dtype, dev), HALF=_half_blocks(q.dtype, D), **launch_opts,
+        SAVE_X=X is not None, XPREC=_xprec(q.dtype, dev), HALF=half, **launch_opts,
     )
     return Qt, Kt, Mb, SI, X
 

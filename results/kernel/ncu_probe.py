@@ -107,13 +107,16 @@ def _sum(row, names):
     return sum(values) if values else None
 
 
-def _kernel_label(name):
-    from kernel_resources import NAMES  # the kernels' short names, as resources.log has them
+def _short_name(name):
+    """One of our kernels' short names (as resources.log has them) for a launch's kernel name,
+    or None for any other kernel."""
+    from kernel_resources import NAMES
 
-    for full, short in NAMES.items():
-        if full in name:
-            return short
-    return name.split("(")[0][-48:]
+    return next((short for full, short in NAMES.items() if full in name), None)
+
+
+def _kernel_label(name):
+    return _short_name(name) or name.split("(")[0][-48:]
 
 
 def _shape(path):
@@ -173,8 +176,7 @@ def _group(impl, name):
     name, SDPA's forward or backward, or the rest (torch operations around our kernels, SDPA's
     two small kernels)."""
     if impl == "ours":
-        label = _kernel_label(name)
-        return label if label in SUM_ROWS else "torch operations"
+        return _short_name(name) or "torch operations"
     for part, group in (("fprop", "forward"), ("bprop", "backward")):
         if part in name:
             return group
