@@ -128,8 +128,8 @@ _KERNELS = None
 def _kernels():
     """Define (decorate) the kernels on first use: triton reads TRITON_INTERPRET at decoration."""
     # the helpers are module globals: kernels look names up there
-    global _KERNELS, _carry, _back_across, _sum_so_far, _logits, _softmax_step, _attend, _query_tile, _load_f32, _dot_rows, \
-        _head, _load_rows, _operand, _load_op, _inverse, _scaled, _base2
+    global _KERNELS, _carry, _back_across, _sum_so_far, _logits, _softmax_step, _attend, _query_tile, _load_f32, \
+        _dot_rows, _head, _load_rows, _operand, _load_op, _inverse, _scaled, _base2
     if _KERNELS is not None:
         return _KERNELS
 
