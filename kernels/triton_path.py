@@ -1528,9 +1528,9 @@ def _chunk_edges_backward(X, Mb, saved, dX, dMc, dXt, dM, C, prec, launch_opts):
     """Add one side of the chunk edges' gradients into dXt and dM (float32, in place): the
     queries' (X = Qt, saved = PS, dX = dQs, with dMc) or, with dMc None, the keys' (X = Kt,
     saved = SS, dX = dKc). Two launches, so that each side's buffers can go before the other's
-    scan; each has a program a chunk but one (the first chunk's queries, the last chunk's keys: their
-    terms are zero, and dX is not read there). float16 operands where the block products are
-    float16 (_half_blocks)."""
+    scan; each has a program a chunk but one (the first chunk's queries, the last chunk's keys:
+    their terms are zero, and dX is not read there). float16 operands where the block products
+    are float16 (_half_blocks)."""
     B, H, Tp, D = X.shape
     N = Mb.shape[2]
     _kernels()[7][(-(-N // C) - 1, B * H)](
