@@ -25,7 +25,7 @@ if [[ $phases == *" 1 "* ]]; then
 # phase 1, side by side (correctness only): the GPU tests (the Triton kernel, CUDA-graph
 # training against eager training, eager RoPE under graph capture), the model check with the
 # 2000-step bf16 trainings (heads of 32 and of 128), and pre-compilation for the benchmark
-timeout 280 python3 -m pytest tests/test_triton.py tests/test_runners.py \
+timeout 330 python3 -m pytest tests/test_triton.py tests/test_runners.py \
   tests/test_kernels_torch.py::test_eager_rope_can_be_captured_in_a_cuda_graph -q -n 6 -p no:cacheprovider \
   --durations=12 >"$OUT/gpu_tests.log" 2>&1 &
 p1=$!
