@@ -42,9 +42,16 @@ WITHIN_CHUNK = 32
 def path_attention_blockwise(q, k, v, w=None, beta=None, log_fgate=None, scale=None, block=BLOCK):
     """PaTH / PaTH-FoX / FoX attention [B, T, H, D] -> [B, T, H, D], equal to the reference.
 
-    Computed in float32 (float64 for float64 inputs), returned in q's dtype. w=None gives
-    FoX (or plain causal softmax attention when log_fgate is None too).
+    Computed in float32 (float64 for float64 inputs) whatever autocast says, returned in q's
+    dtype. w=None gives FoX (or plain causal softmax attention when log_fgate is None too).
     """
+    # autocast would give the block algebra's matmuls 16-bit operands (and refuse the ones
+    # written into float32 buffers); the backward passes below turn it off as well
+    with torch.autocast(q.device.type, enabled=False):
+        return _blockwise(q, k, v, w, beta, log_fgate, scale, block)
+
+
+def _blockwise(q, k, v, w, beta, log_fgate, scale, block):
     B, T, H, D = q.shape
     scale = D**-0.5 if scale is None else scale
     out_dtype, dtype = q.dtype, compute_dtype(q.dtype)
@@ -109,6 +116,11 @@ class _WithinBlocks(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, d_q_start, d_k_end, d_intra, d_products):
+        with torch.autocast(d_q_start.device.type, enabled=False):
+            return _WithinBlocks._backward(ctx, d_q_start, d_k_end, d_intra, d_products)
+
+    @staticmethod
+    def _backward(ctx, d_q_start, d_k_end, d_intra, d_products):
         blocks_shape = d_q_start.shape[:-2]
         d_outputs = [x.flatten(0, -3) for x in (d_q_start, d_k_end, d_intra, d_products)]
         d_q, d_k, d_w = (torch.empty_like(d_outputs[0]) for _ in range(3))
@@ -202,6 +214,11 @@ class _AcrossBlocks(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, d_out):
+        with torch.autocast(d_out.device.type, enabled=False):
+            return _AcrossBlocks._backward(ctx, d_out)
+
+    @staticmethod
+    def _backward(ctx, d_out):
         q_start, products, v, out = ctx.saved_tensors
         probs, keys = ctx.probs, ctx.keys
         n, N, C, D = q_start.shape

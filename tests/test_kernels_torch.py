@@ -261,6 +261,36 @@ def test_low_precision_inputs():
                                    atol=1e-5 if dtype == torch.float32 else 5e-2)
 
 
+@pytest.mark.parametrize("householder, gate", [(True, False), (True, True), (False, True)],
+                         ids=["path", "path_fox", "fox"])
+def test_blockwise_computes_in_float32_under_autocast(householder, gate):
+    """A model trained in bf16 autocast on a GPU without Triton runs this path. With the forward
+    under autocast (as the trainer runs it), output and gradients are those computed without
+    autocast, bit for bit. A backward inside the autocast region, which torch advises against,
+    runs too; there FoX's within-block logits, left to autograd, get bf16 gradients."""
+    q, k, v, w, beta, log_fgate = make_inputs(T=150, gate=gate, dtype=torch.float32)
+    inputs = [q, k, v] + ([w, beta] if householder else [None, None]) + [log_fgate]
+    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+
+    def run(autocast, backward_inside=False):
+        leaves = [None if x is None else x.clone().requires_grad_() for x in inputs]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = path_attention_blockwise(*leaves)
+            if backward_inside:
+                return out, torch.autograd.grad(out, [x for x in leaves if x is not None], d_out)
+        return out, torch.autograd.grad(out, [x for x in leaves if x is not None], d_out)
+
+    plain_out, plain_grads = run(False)
+    out, grads = run(True)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, plain_out)
+    assert all(torch.equal(g, p) for g, p in zip(grads, plain_grads))
+    out, grads = run(True, backward_inside=True)
+    assert torch.equal(out, plain_out)
+    for g, p in zip(grads, plain_grads):
+        assert ((g - p).norm() / p.norm()).item() <= (1e-2 if not householder else 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # The backend switch
 
