@@ -1,15 +1,25 @@
-"""Late loss spikes in triton_check's bfloat16 training: the kernel, or the optimiser?
+"""Loss spikes in triton_check's bfloat16 training: the kernel, or the rest of the training?
 
-Runs triton_check's 2-layer path training (flip-flop, T = 512, B = 32, AdamW at 1e-3) at heads
-of 128 several times; the runs differ only by the GPU's nondeterministic torch operations. Each
-step's loss and gradient norm (before clipping) are kept; every 100 steps one line is printed.
-At chosen states (steps 1000 and 1999, the first step whose gradient norm is 20 times the
-median of the 100 before it, and the first whose loss is above 0.05 after step 500) the same
-batch's loss and parameter gradients are computed four ways before the step is taken: Triton
-and torch backends, each in float32 and in bfloat16 autocast. Printed: each one's loss, and
-each gradient's worst relative difference from the torch float32 one over the parameters.
+Runs triton_check's 2-layer path training (flip-flop, T = 512, B = 32, AdamW at 1e-3, 200 steps
+of warm-up) at heads of 128. Each step's loss and gradient norm (before clipping) are kept;
+every 100 steps one line is printed, and at the end the steps after the warm-up whose loss is
+above 0.05 are counted.
 
-    python3 results/kernel/spike_probe.py [seconds]   (stops starting runs after that)
+On the GPU the training runs in bfloat16 autocast on the backend named (default triton; torch is
+the control, float32 attention inside the same bf16 model), run after run until SECONDS have
+passed; the runs differ only by the GPU's nondeterministic torch operations. At chosen states
+(steps 1000 and the last, and the first step after the warm-up whose loss is above 0.05 or whose
+gradient norm is 20 times the median of the 100 before it) the same batch's loss and parameter
+gradients are computed four ways before the step is taken: Triton and torch backends, each in
+float32 and in bfloat16 autocast. Printed: each one's loss, and each gradient's worst relative
+difference from the torch float32 one over the parameters. On the CPU the training runs once,
+on the torch backend, in float32 or in bfloat16 autocast, without comparisons.
+
+    python3 results/kernel/spike_probe.py SECONDS [triton|torch]
+    python3 results/kernel/spike_probe.py cpu STEPS [bf16]
+
+(spike.log was made by this file's first version, which compared spike states only after step
+500 and always trained on the Triton kernel.)
 """
 
 import functools
@@ -21,67 +31,75 @@ import torch
 
 import pathbench.models.attention as attn_mod
 from pathbench.kernels import path_attention
-from pathbench.kernels.triton_check import _loss, _model
+from pathbench.kernels.triton_check import _loss
+from pathbench.models import build_model, model_config
 from pathbench.tasks import make_task
+
+WARMUP = 200
+
+
+def _use_backend(backend):
+    attn_mod.path_attention = functools.partial(path_attention, backend=backend)
 
 
 def _loss_and_grads(model, inputs, targets, backend, bf16):
-    attn_mod.path_attention = functools.partial(path_attention, backend=backend)
-    try:
-        model.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            loss = _loss(model, inputs, targets)
-        loss.backward()
-        return loss.item(), {n: p.grad.detach().float().clone() for n, p in model.named_parameters()
-                             if p.grad is not None}
-    finally:
-        attn_mod.path_attention = path_attention
+    _use_backend(backend)
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        loss = _loss(model, inputs, targets)
+    loss.backward()
+    return loss.item(), {n: p.grad.detach().float().clone() for n, p in model.named_parameters()
+                         if p.grad is not None}
 
 
-def compare(model, inputs, targets, why):
+def compare(model, inputs, targets, why, training_backend):
     ref_loss, ref = _loss_and_grads(model, inputs, targets, "torch", bf16=False)
     parts = [f"torch fp32 loss {ref_loss:.4g}"]
     for backend, bf16 in (("triton", False), ("triton", True), ("torch", True)):
         loss, grads = _loss_and_grads(model, inputs, targets, backend, bf16)
-        worst = max(((grads[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-30)).item() for n in ref)
+        worst = max(((grads[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-30)).item()
+                    for n in ref)
         parts.append(f"{backend} {'bf16' if bf16 else 'fp32'} loss {loss:.4g} grads {worst:.1e}")
     model.zero_grad(set_to_none=True)
+    _use_backend(training_backend)
     print(f"    compare ({why}): " + "; ".join(parts), flush=True)
 
 
-def run(trial, steps=2000, B=32, T=512, lr=1e-3, head_dim=128):
+def run(name, steps=2000, B=32, T=512, lr=1e-3, head_dim=128, device="cuda", bf16=True,
+        backend="triton"):
     task = make_task("flipflop", {"length": T})
-    model = _model("path", len(task.vocab), layers=2, head_dim=head_dim)
+    torch.manual_seed(0)  # as triton_check's model
+    model = build_model(model_config({"vocab_size": len(task.vocab), "attention": "path",
+                                      "layers": 2, "heads": 2, "d_model": 2 * head_dim,
+                                      "beta_max": 2.0})).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 200))
-    losses, norms, seen = [], [], set()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP))
+    _use_backend(backend)
+    spike_compared = device != "cuda"
+    losses, norms = [], []
     t0 = time.time()
     for step in range(steps):
         data = task.generate(B, seed=step, split="train")
-        inputs = torch.as_tensor(data.inputs).cuda()
-        targets = torch.as_tensor(data.targets).cuda()
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-            loss_now = _loss(model, inputs, targets).item()
-        whys = []
-        if step in (1000, steps - 1):
-            whys.append(f"step {step}")
-        if step > 500 and loss_now > 0.05 and "loss" not in seen:
-            whys.append(f"loss {loss_now:.3g} at step {step}")
-            seen.add("loss")
-        for why in whys:
-            compare(model, inputs, targets, why)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        inputs = torch.as_tensor(data.inputs).to(device)
+        targets = torch.as_tensor(data.targets).to(device)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             loss = _loss(model, inputs, targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
-        if step > 500 and "norm" not in seen and norm > 20 * statistics.median(norms[-100:]):
-            # the state before this step's update is gone from the parameters only after
-            # opt.step(): compare it now (compare clears the gradients, so take them again)
-            compare(model, inputs, targets, f"gradient norm {norm:.3g} at step {step}, "
-                    f"median of the 100 before {statistics.median(norms[-100:]):.3g}")
-            seen.add("norm")
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+        whys = [f"step {step}"] if step in (1000, steps - 1) else []
+        if step > WARMUP and not spike_compared:
+            median = statistics.median(norms[-100:])
+            if loss.item() > 0.05 or norm > 20 * median:
+                whys.append(f"spike at step {step}: loss {loss.item():.3g}, gradient norm "
+                            f"{norm:.3g}, median of the 100 before {median:.3g}")
+                spike_compared = True
+        if device == "cuda" and whys:
+            # the parameters still hold the state before this step's update; compare() takes
+            # its own gradients, so this step's are taken again afterwards
+            for why in whys:
+                compare(model, inputs, targets, why, backend)
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
                 loss = _loss(model, inputs, targets)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -91,18 +109,25 @@ def run(trial, steps=2000, B=32, T=512, lr=1e-3, head_dim=128):
         norms.append(norm)
         if step % 100 == 99:
             window = slice(step - 99, step + 1)
-            print(f"  run {trial} steps {step - 99:4d}-{step:4d}: loss max {max(losses[window]):.4f} "
-                  f"last {losses[-1]:.4f}; grad norm median {statistics.median(norms[window]):.3g} "
+            print(f"  {name} steps {step - 99:4d}-{step:4d}: "
+                  f"loss max {max(losses[window]):.4f} last {losses[-1]:.4f}; "
+                  f"grad norm median {statistics.median(norms[window]):.3g} "
                   f"max {max(norms[window]):.3g} ({time.time() - t0:.0f}s)", flush=True)
-    late = [s for s in range(1000, steps) if losses[s] > 0.05]
-    print(f"run {trial}: final loss {losses[-1]:.4f}; steps after 1000 with loss above 0.05: "
-          f"{len(late)}{' from step ' + str(late[0]) if late else ''}", flush=True)
+    spikes = [s for s in range(WARMUP, steps) if losses[s] > 0.05]
+    print(f"{name}: final loss {losses[-1]:.4f}; steps after the warm-up with loss above 0.05: "
+          f"{len(spikes)}{' from step ' + str(spikes[0]) if spikes else ''}", flush=True)
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["cpu"]:
+        bf16 = sys.argv[3:4] == ["bf16"]
+        run(f"cpu {'bf16' if bf16 else 'float32'}", steps=int(sys.argv[2]), device="cpu",
+            bf16=bf16, backend="torch")
+        sys.exit()
     budget = float(sys.argv[1]) if len(sys.argv) > 1 else 300
+    backend = sys.argv[2] if len(sys.argv) > 2 else "triton"
     start = time.time()
     trial = 0
     while trial == 0 or time.time() - start < budget:
-        run(trial)
+        run(f"run {trial} ({backend})", backend=backend)
         trial += 1
