@@ -43,13 +43,13 @@ def _use_backend(backend):
 
 
 def _loss_and_grads(model, inputs, targets, backend, bf16):
+    """The loss and each parameter's gradient, leaving the parameters' .grad as they are."""
     _use_backend(backend)
-    model.zero_grad(set_to_none=True)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
         loss = _loss(model, inputs, targets)
-    loss.backward()
-    return loss.item(), {n: p.grad.detach().float().clone() for n, p in model.named_parameters()
-                         if p.grad is not None}
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    return loss.item(), {n: g.float() for (n, _), g in zip(named, grads) if g is not None}
 
 
 def compare(model, inputs, targets, why, training_backend):
@@ -60,7 +60,6 @@ def compare(model, inputs, targets, why, training_backend):
         worst = max(((grads[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-30)).item()
                     for n in ref)
         parts.append(f"{backend} {'bf16' if bf16 else 'fp32'} loss {loss:.4g} grads {worst:.1e}")
-    model.zero_grad(set_to_none=True)
     _use_backend(training_backend)
     print(f"    compare ({why}): " + "; ".join(parts), flush=True)
 
@@ -94,15 +93,10 @@ def run(name, steps=2000, B=32, T=512, lr=1e-3, head_dim=128, device="cuda", bf1
                 whys.append(f"spike at step {step}: loss {loss.item():.3g}, gradient norm "
                             f"{norm:.3g}, median of the 100 before {median:.3g}")
                 spike_compared = True
-        if device == "cuda" and whys:
-            # the parameters still hold the state before this step's update; compare() takes
-            # its own gradients, so this step's are taken again afterwards
+        if device == "cuda":
+            # before opt.step(): the parameters still hold the state this step's loss came from
             for why in whys:
                 compare(model, inputs, targets, why, backend)
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
-                loss = _loss(model, inputs, targets)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         losses.append(loss.item())
