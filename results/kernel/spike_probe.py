@@ -5,9 +5,9 @@ of warm-up) at heads of 128. Each step's loss and gradient norm (before clipping
 every 100 steps one line is printed, and at the end the steps after the warm-up whose loss is
 above 0.05 are counted.
 
-On the GPU the training runs in bfloat16 autocast on the backend named (default triton; torch is
-the control, float32 attention inside the same bf16 model), run after run until SECONDS have
-passed; the runs differ only by the GPU's nondeterministic torch operations. At chosen states
+On the GPU the training runs in bfloat16 autocast (or, with fp32, in float32) on the backend
+named (default triton; torch is the control, float32 attention inside the same bf16 model), run
+after run until SECONDS have passed; the runs differ only by the GPU's nondeterministic torch operations. At chosen states
 (steps 1000 and the last, and the first step after the warm-up whose loss is above 0.05 or whose
 gradient norm is 20 times the median of the 100 before it) the same batch's loss and parameter
 gradients are computed four ways before the step is taken: Triton and torch backends, each in
@@ -15,11 +15,11 @@ float32 and in bfloat16 autocast. Printed: each one's loss, and each gradient's 
 difference from the torch float32 one over the parameters. On the CPU the training runs once,
 on the torch backend, in float32 or in bfloat16 autocast, without comparisons.
 
-    python3 results/kernel/spike_probe.py SECONDS [triton|torch]
+    python3 results/kernel/spike_probe.py SECONDS [triton|torch] [fp32]
     python3 results/kernel/spike_probe.py cpu STEPS [bf16]
 
 (spike.log was made by this file's first version, which compared spike states only after step
-500 and always trained on the Triton kernel.)
+500 and always trained on the Triton kernel; spike_runs.log by this one.)
 """
 
 import functools
@@ -120,8 +120,9 @@ if __name__ == "__main__":
         sys.exit()
     budget = float(sys.argv[1]) if len(sys.argv) > 1 else 300
     backend = sys.argv[2] if len(sys.argv) > 2 else "triton"
+    bf16 = sys.argv[3:4] != ["fp32"]
     start = time.time()
     trial = 0
     while trial == 0 or time.time() - start < budget:
-        run(f"run {trial} ({backend})", backend=backend)
+        run(f"run {trial} ({backend} {'bf16' if bf16 else 'fp32'})", backend=backend, bf16=bf16)
         trial += 1
