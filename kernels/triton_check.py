@@ -5,8 +5,9 @@
    blockwise backend, in float32.
 2. A 2-layer path model trains --steps steps on flip-flop in bfloat16 autocast on the GPU, with
    two heads of 32 and again with two of 128 (where the kernel's block-local products take
-   float16 operands); every loss must be finite. Prints the loss curve and the final training
-   accuracy.
+   float16 operands), with `pathbench run`'s optimiser settings (AdamW with betas 0.9 and 0.98,
+   warm-up then cosine decay); every loss must be finite. Prints the loss curve and the final
+   training accuracy.
 """
 
 from __future__ import annotations
@@ -64,15 +65,18 @@ def check_against_torch(B=8, T=300, vocab=16):
 
 
 def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0, head_dim=32):
+    from pathbench.runners.train import lr_factor
     from pathbench.tasks import make_task
 
     task = make_task("flipflop", {"length": T})
     model = _model("path", len(task.vocab), layers=2, beta_max=beta_max, head_dim=head_dim)
     print(f"bf16 training, heads of {head_dim}:")
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 200))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, functools.partial(lr_factor, total=steps,
+                                                                     warmup=200))
     t0 = time.time()
     bad = 0
+    worst_loss, worst_step = 0.0, None  # after the warm-up: spikes show here, between the prints
     for step in range(steps):
         data = task.generate(B, seed=step, split="train")
         inputs = torch.as_tensor(data.inputs).cuda()
@@ -86,6 +90,8 @@ def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0, head_dim=32):
                 break
             opt.zero_grad(set_to_none=True)
             continue
+        if step >= 200 and loss.item() > worst_loss:
+            worst_loss, worst_step = loss.item(), step
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -101,6 +107,7 @@ def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0, head_dim=32):
             acc = (logits.argmax(-1)[mask] == targets[mask]).float().mean().item()
             print(f"step {step:5d} loss {loss.item():.4f} acc {acc:.4f} ({time.time() - t0:.0f}s)")
     print(f"bf16 training, heads of {head_dim}: {steps} steps, {bad} non-finite steps, "
+          f"highest loss after the warm-up {worst_loss:.4f} (step {worst_step}), "
           f"{time.time() - t0:.0f}s: {'ok' if bad == 0 else 'FAIL'}")
     return bad == 0
 

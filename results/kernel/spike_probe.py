@@ -1,27 +1,35 @@
 """Loss spikes in triton_check's bfloat16 training: the kernel, or the rest of the training?
 
-Runs triton_check's 2-layer path training (flip-flop, T = 512, B = 32, AdamW at 1e-3, 200 steps
-of warm-up) at heads of 128. Each step's loss and gradient norm (before clipping) are kept;
-every 100 steps one line is printed, and at the end the steps after the warm-up whose loss is
-above 0.05 are counted.
+Runs triton_check's 2-layer path training (flip-flop, T = 512, B = 32, heads of 128, AdamW at
+1e-3 with 200 steps of warm-up) with one of two recipes: "check", the one triton_check trained
+with before it took the runner's (constant learning rate after the warm-up, AdamW's default
+betas 0.9 and 0.999), or "runner", the one `pathbench run` and now triton_check train with
+(betas 0.9 and 0.98, cosine decay to zero after the warm-up). Each step's loss and gradient
+norm (before clipping) are kept; every 100 steps one line is printed, and at the end the steps
+after the warm-up whose loss is above 0.05 are counted.
 
-On the GPU the training runs in bfloat16 autocast (or, with fp32, in float32) on the backend
-named (default triton; torch is the control, float32 attention inside the same bf16 model), run
-after run until SECONDS have passed; the runs differ only by the GPU's nondeterministic torch operations. At chosen states
-(steps 1000 and the last, and the first step after the warm-up whose loss is above 0.05 or whose
-gradient norm is 20 times the median of the 100 before it) the same batch's loss and parameter
-gradients are computed four ways before the step is taken: Triton and torch backends, each in
-float32 and in bfloat16 autocast. Printed: each one's loss, and each gradient's worst relative
-difference from the torch float32 one over the parameters. On the CPU the training runs once,
-on the torch backend, in float32 or in bfloat16 autocast, without comparisons.
+On the GPU the training runs in bfloat16 autocast (or, with --fp32, in float32) on the backend
+named (triton; torch is the control, float32 attention inside the same bf16 model), run after
+run until --seconds have passed; the runs differ only by the GPU's nondeterministic torch
+operations. At chosen states (steps 1000 and the last, and the first step after the warm-up
+whose loss is above 0.05 or whose gradient norm is 20 times the median of the 100 before it)
+the same batch's loss and parameter gradients are computed five ways before the step is taken:
+the torch backend in float64 (the reference), and the Triton and torch backends each in
+float32 and in bfloat16 autocast. Printed: the reference loss, then each way's loss and its
+gradients' worst relative difference from the reference over the parameters. On the CPU
+(--cpu STEPS) the training runs once, on the torch backend, without comparisons.
 
-    python3 results/kernel/spike_probe.py SECONDS [triton|torch] [fp32]
-    python3 results/kernel/spike_probe.py cpu STEPS [bf16]
+    python3 results/kernel/spike_probe.py --seconds 300 [--backend torch] [--fp32] [--recipe runner]
+    python3 results/kernel/spike_probe.py --cpu 600 [--bf16]
 
-(spike.log was made by this file's first version, which compared spike states only after step
-500 and always trained on the Triton kernel; spike_runs.log by this one.)
+(Earlier versions made spike.log, spike_cpu.log and spike_runs.log: they took positional
+arguments, knew only the check recipe and took the torch backend in float32 as the reference;
+the first compared spike states only after step 500 and always trained on the Triton kernel.
+This one made spike_f64.log.)
 """
 
+import argparse
+import copy
 import functools
 import statistics
 import sys
@@ -33,9 +41,14 @@ import pathbench.models.attention as attn_mod
 from pathbench.kernels import path_attention
 from pathbench.kernels.triton_check import _loss
 from pathbench.models import build_model, model_config
+from pathbench.runners.train import lr_factor
 from pathbench.tasks import make_task
 
 WARMUP = 200
+
+
+def _warm_up_then_constant(step):
+    return min(1.0, (step + 1) / WARMUP)
 
 
 def _use_backend(backend):
@@ -49,13 +62,14 @@ def _loss_and_grads(model, inputs, targets, backend, bf16):
         loss = _loss(model, inputs, targets)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-    return loss.item(), {n: g.float() for (n, _), g in zip(named, grads) if g is not None}
+    return loss.item(), {n: g.double() for (n, _), g in zip(named, grads) if g is not None}
 
 
 def compare(model, inputs, targets, why, training_backend):
-    ref_loss, ref = _loss_and_grads(model, inputs, targets, "torch", bf16=False)
-    parts = [f"torch fp32 loss {ref_loss:.4g}"]
-    for backend, bf16 in (("triton", False), ("triton", True), ("torch", True)):
+    ref_loss, ref = _loss_and_grads(copy.deepcopy(model).double(), inputs, targets, "torch",
+                                    bf16=False)
+    parts = [f"float64 loss {ref_loss:.4g}"]
+    for backend, bf16 in (("torch", False), ("triton", False), ("triton", True), ("torch", True)):
         loss, grads = _loss_and_grads(model, inputs, targets, backend, bf16)
         worst = max(((grads[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-30)).item()
                     for n in ref)
@@ -65,14 +79,19 @@ def compare(model, inputs, targets, why, training_backend):
 
 
 def run(name, steps=2000, B=32, T=512, lr=1e-3, head_dim=128, device="cuda", bf16=True,
-        backend="triton"):
+        backend="triton", recipe="check"):
     task = make_task("flipflop", {"length": T})
     torch.manual_seed(0)  # as triton_check's model
     model = build_model(model_config({"vocab_size": len(task.vocab), "attention": "path",
                                       "layers": 2, "heads": 2, "d_model": 2 * head_dim,
                                       "beta_max": 2.0})).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP))
+    if recipe == "check":
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
+        factor = _warm_up_then_constant
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.98))
+        factor = functools.partial(lr_factor, total=steps, warmup=WARMUP)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     _use_backend(backend)
     spike_compared = device != "cuda"
     losses, norms = [], []
@@ -113,16 +132,21 @@ def run(name, steps=2000, B=32, T=512, lr=1e-3, head_dim=128, device="cuda", bf1
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["cpu"]:
-        bf16 = sys.argv[3:4] == ["bf16"]
-        run(f"cpu {'bf16' if bf16 else 'float32'}", steps=int(sys.argv[2]), device="cpu",
-            bf16=bf16, backend="torch")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=300)
+    parser.add_argument("--backend", choices=("triton", "torch"), default="triton")
+    parser.add_argument("--fp32", action="store_true")
+    parser.add_argument("--recipe", choices=("check", "runner"), default="check")
+    parser.add_argument("--cpu", type=int, metavar="STEPS")
+    parser.add_argument("--bf16", action="store_true", help="with --cpu: bfloat16 autocast")
+    args = parser.parse_args()
+    if args.cpu:
+        run(f"cpu {'bf16' if args.bf16 else 'float32'} {args.recipe}", steps=args.cpu,
+            device="cpu", bf16=args.bf16, backend="torch", recipe=args.recipe)
         sys.exit()
-    budget = float(sys.argv[1]) if len(sys.argv) > 1 else 300
-    backend = sys.argv[2] if len(sys.argv) > 2 else "triton"
-    bf16 = sys.argv[3:4] != ["fp32"]
     start = time.time()
     trial = 0
-    while trial == 0 or time.time() - start < budget:
-        run(f"run {trial} ({backend} {'bf16' if bf16 else 'fp32'})", backend=backend, bf16=bf16)
+    while trial == 0 or time.time() - start < args.seconds:
+        run(f"run {trial} ({args.backend} {'fp32' if args.fp32 else 'bf16'} {args.recipe})",
+            backend=args.backend, bf16=not args.fp32, recipe=args.recipe)
         trial += 1
