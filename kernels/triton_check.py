@@ -19,6 +19,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+WARM_UP_STEPS = 200
+
 
 def _model(attention, vocab, layers=2, beta_max=2.0, seed=0, head_dim=32):
     from pathbench.models import build_model, model_config
@@ -73,7 +75,7 @@ def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0, head_dim=32):
     print(f"bf16 training, heads of {head_dim}:")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, functools.partial(lr_factor, total=steps,
-                                                                     warmup=200))
+                                                                     warmup=WARM_UP_STEPS))
     t0 = time.time()
     bad = 0
     worst_loss, worst_step = 0.0, None  # after the warm-up: spikes show here, between the prints
@@ -90,7 +92,7 @@ def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0, head_dim=32):
                 break
             opt.zero_grad(set_to_none=True)
             continue
-        if step >= 200 and loss.item() > worst_loss:
+        if step >= WARM_UP_STEPS and loss.item() > worst_loss:
             worst_loss, worst_step = loss.item(), step
         opt.zero_grad(set_to_none=True)
         loss.backward()
