@@ -18,7 +18,7 @@ import time
 
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()  # every compile from scratch
 atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"])
-import triton  # noqa: E402  (reads the cache directory at import)
+import triton  # noqa: E402  (imported once the cache directory is set)
 import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
