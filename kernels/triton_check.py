@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import time
 
 import torch
@@ -66,16 +67,23 @@ def check_against_torch(B=8, T=300, vocab=16):
     return ok
 
 
-def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0, head_dim=32):
+def _optimizer(model, lr, steps):
+    """AdamW and its schedule as `pathbench run` trains: betas 0.9 and 0.98, warm-up then cosine
+    decay."""
     from pathbench.runners.train import lr_factor
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.98))
+    schedule = functools.partial(lr_factor, total=steps, warmup=WARM_UP_STEPS)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+
+
+def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0, head_dim=32):
     from pathbench.tasks import make_task
 
     task = make_task("flipflop", {"length": T})
     model = _model("path", len(task.vocab), layers=2, beta_max=beta_max, head_dim=head_dim)
     print(f"bf16 training, heads of {head_dim}:")
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, functools.partial(lr_factor, total=steps,
-                                                                     warmup=WARM_UP_STEPS))
+    opt, sched = _optimizer(model, lr, steps)
     t0 = time.time()
     bad = 0
     worst_loss, worst_step = 0.0, None  # after the warm-up: spikes show here, between the prints
@@ -85,15 +93,16 @@ def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0, head_dim=32):
         targets = torch.as_tensor(data.targets).cuda()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = _loss(model, inputs, targets)
-        if not torch.isfinite(loss):
+        value = loss.item()
+        if not math.isfinite(value):
             bad += 1
-            print(f"step {step}: non-finite loss {loss.item()}")
+            print(f"step {step}: non-finite loss {value}")
             if bad > 3:
                 break
             opt.zero_grad(set_to_none=True)
             continue
-        if step >= WARM_UP_STEPS and loss.item() > worst_loss:
-            worst_loss, worst_step = loss.item(), step
+        if step >= WARM_UP_STEPS and value > worst_loss:
+            worst_loss, worst_step = value, step
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -107,7 +116,7 @@ def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0, head_dim=32):
                 logits = model(inputs)
             mask = targets != -100
             acc = (logits.argmax(-1)[mask] == targets[mask]).float().mean().item()
-            print(f"step {step:5d} loss {loss.item():.4f} acc {acc:.4f} ({time.time() - t0:.0f}s)")
+            print(f"step {step:5d} loss {value:.4f} acc {acc:.4f} ({time.time() - t0:.0f}s)")
     print(f"bf16 training, heads of {head_dim}: {steps} steps, {bad} non-finite steps, "
           f"highest loss after the warm-up {worst_loss:.4f} (step {worst_step}), "
           f"{time.time() - t0:.0f}s: {'ok' if bad == 0 else 'FAIL'}")

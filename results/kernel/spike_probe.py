@@ -39,16 +39,13 @@ import torch
 
 import pathbench.models.attention as attn_mod
 from pathbench.kernels import path_attention
-from pathbench.kernels.triton_check import _loss
+from pathbench.kernels.triton_check import WARM_UP_STEPS, _loss, _optimizer
 from pathbench.models import build_model, model_config
-from pathbench.runners.train import lr_factor
 from pathbench.tasks import make_task
-
-WARMUP = 200
 
 
 def _warm_up_then_constant(step):
-    return min(1.0, (step + 1) / WARMUP)
+    return min(1.0, (step + 1) / WARM_UP_STEPS)
 
 
 def _use_backend(backend):
@@ -87,11 +84,9 @@ def run(name, steps=2000, B=32, T=512, lr=1e-3, head_dim=128, device="cuda", bf1
                                       "beta_max": 2.0})).to(device)
     if recipe == "check":
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
-        factor = _warm_up_then_constant
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, _warm_up_then_constant)
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.98))
-        factor = functools.partial(lr_factor, total=steps, warmup=WARMUP)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        opt, sched = _optimizer(model, lr, steps)
     _use_backend(backend)
     spike_compared = device != "cuda"
     losses, norms = [], []
@@ -106,7 +101,7 @@ def run(name, steps=2000, B=32, T=512, lr=1e-3, head_dim=128, device="cuda", bf1
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
         whys = [f"step {step}"] if step in (1000, steps - 1) else []
-        if step > WARMUP and not spike_compared:
+        if step > WARM_UP_STEPS and not spike_compared:
             median = statistics.median(norms[-100:])
             if loss.item() > 0.05 or norm > 20 * median:
                 whys.append(f"spike at step {step}: loss {loss.item():.3g}, gradient norm "
@@ -126,7 +121,7 @@ def run(name, steps=2000, B=32, T=512, lr=1e-3, head_dim=128, device="cuda", bf1
                   f"loss max {max(losses[window]):.4f} last {losses[-1]:.4f}; "
                   f"grad norm median {statistics.median(norms[window]):.3g} "
                   f"max {max(norms[window]):.3g} ({time.time() - t0:.0f}s)", flush=True)
-    spikes = [s for s in range(WARMUP, steps) if losses[s] > 0.05]
+    spikes = [s for s in range(WARM_UP_STEPS, steps) if losses[s] > 0.05]
     print(f"{name}: final loss {losses[-1]:.4f}; steps after the warm-up with loss above 0.05: "
           f"{len(spikes)}{' from step ' + str(spikes[0]) if spikes else ''}", flush=True)
 
