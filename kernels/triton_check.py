@@ -23,18 +23,21 @@ import torch.nn.functional as F
 WARM_UP_STEPS = 200
 
 
-def _model(attention, vocab, layers=2, beta_max=2.0, seed=0, head_dim=32):
+def _model(attention, vocab, layers=2, beta_max=2.0, seed=0, head_dim=32, device="cuda"):
     from pathbench.models import build_model, model_config
 
     torch.manual_seed(seed)
     cfg = model_config({"vocab_size": vocab, "attention": attention, "layers": layers, "heads": 2,
                         "d_model": 2 * head_dim, "beta_max": beta_max})
-    return build_model(cfg).cuda()
+    return build_model(cfg).to(device)
 
 
 def _loss(model, inputs, targets):
     logits = model(inputs)
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+    # bf16 logits (autocast) in float32; a float64 model's in float64: near a loss of 0, a float32
+    # loss cannot resolve a log-probability, and its gradients are mostly rounding
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
 
 
 def check_against_torch(B=8, T=300, vocab=16):

@@ -625,3 +625,22 @@ def test_operators_pass_opcheck():
     O, LSE = torch.ops.pathbench.path_attention_forward(q, k, v, w, beta, None, D**-0.5)
     torch.library.opcheck(torch.ops.pathbench.path_attention_backward.default,
                           (q, k, v, w, beta, None, O, LSE, torch.randn_like(q), D**-0.5))
+
+
+def test_model_checks_loss_keeps_a_float64_models_precision():
+    """triton_check's loss: bf16 logits go to float32, float64 ones stay float64 (near a loss of
+    0 a float32 loss is mostly rounding, so a float64 reference needs its own precision)."""
+    from pathbench.kernels.triton_check import _loss
+
+    class Logits(torch.nn.Module):
+        def __init__(self, dtype):
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.randn(4, 4, dtype=dtype) * 20)
+
+        def forward(self, inputs):
+            return self.table[inputs]
+
+    inputs, targets = torch.tensor([[0, 1, 2, 3]]), torch.tensor([[0, 1, 2, 3]])
+    for dtype, expected in ((torch.bfloat16, torch.float32), (torch.float32, torch.float32),
+                            (torch.float64, torch.float64)):
+        assert _loss(Logits(dtype), inputs, targets).dtype == expected

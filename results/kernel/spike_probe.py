@@ -25,7 +25,9 @@ gradients' worst relative difference from the reference over the parameters. On 
 (Earlier versions made spike.log, spike_cpu.log and spike_runs.log: they took positional
 arguments, knew only the check recipe and took the torch backend in float32 as the reference;
 the first compared spike states only after step 500 and always trained on the Triton kernel.
-This one made spike_f64.log.)
+This one made spike_f64.log, when triton_check's `_loss` still took every loss in float32, the
+float64 reference's too: at steps 1000 and 1999, losses of 1e-6 and less, that reference's
+gradients were mostly the float32 loss's rounding, trained_states_probe.py.)
 """
 
 import argparse

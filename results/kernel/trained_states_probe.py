@@ -7,20 +7,31 @@ three-pass tf32; under the interpreter they are IEEE float32. This probe takes s
 GPU to the CPU to tell the two apart.
 
 On the GPU (`save`): trains triton_check's 2-layer path model (heads of 128, T = 512, B = 32)
-with its recipe on the Triton kernel in bfloat16 autocast, --runs times, and at steps 1000 and
-1999, before the step is taken, keeps the parameters (STATES_DIR/states_<run>.pt) and compares
-that step's gradients against the torch backend in float64: the torch backend and the kernel,
-each in float32, on the whole batch and on its first SUB sequences.
+with its recipe on the Triton kernel in bfloat16 autocast, --runs times, keeps the parameters
+at steps 1000 and 1999, before the step is taken (STATES_DIR/states_<run>.pt), and compares
+that step's gradients there as `compare` does.
 
-On the CPU (`compare`): for each kept state, the same comparison on the first SUB sequences,
-with the kernel under the interpreter, its products once in IEEE float32 and once in three-pass
-tf32 emulated (tf32x3_probe.py's patch of the interpreter's dot).
+`compare` (on the GPU when there is one, else on the CPU): for each kept state, that step's
+loss and parameter gradients against the float64 reference, on the whole batch (GPU only) and
+on its first SUB sequences, for the torch backend and the kernel in float32 (on the CPU: under
+the interpreter, its products once in IEEE float32 and once in three-pass tf32 emulated,
+tf32x3_probe.py's patch of the interpreter's dot).
 
-Printed for each way: the loss, and its gradients' relative error against float64 (the
-difference's norm over the reference's) for the worst parameter (named) and the median one.
+The model's loss is usually taken in float32 (triton_check's `_loss`); at these states it is
+1e-6 or less, below float32's resolution of a log-probability near 0, so a float32 loss turns
+tiny differences in the logits into different gradients. Each way is therefore reported twice,
+with its loss in float32 and in float64; the reference is float64 throughout, and "float64,
+loss in float32" is the reference's model with a float32 loss (what spike_f64.log and the first
+version of this probe took as the reference). Printed for each: the loss, the logits' relative
+error, and the gradients' relative errors (the difference's norm over the reference's) for the
+worst parameter (named) and the median one.
 
     python3 results/kernel/trained_states_probe.py save STATES_DIR [--runs 2]
     python3 results/kernel/trained_states_probe.py compare STATES_DIR/states_*.pt
+
+(The first version, which made trained_states_gpu.log and trained_states_cpu.log, took the
+float64 model with a float32 loss as the reference, reported only float32 losses, and compared
+only in `save` on the GPU.)
 """
 
 import argparse
@@ -32,6 +43,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 SUB = 2  # sequences of the batch in the comparisons the CPU repeats (the interpreter is slow)
 STEPS, B, T, HEAD_DIM, LR = 2000, 32, 512, 128, 1e-3
@@ -43,51 +55,65 @@ def _batch(task, step, device):
     return torch.as_tensor(data.inputs).to(device), torch.as_tensor(data.targets).to(device)
 
 
-def _gradients(model, inputs, targets, backend, float64=False):
-    """The loss and every parameter's gradient (float64), leaving the model's .grad alone."""
+def _model(device):
+    from pathbench.kernels.triton_check import _model
+    from pathbench.tasks import make_task
+
+    task = make_task("flipflop", {"length": T})
+    return task, _model("path", len(task.vocab), head_dim=HEAD_DIM, device=device)
+
+
+def _gradients(model, inputs, targets, backend, dtype, loss_dtype):
+    """The loss, the logits and every parameter's gradient (float64), the model in dtype and
+    its loss in loss_dtype; the model's .grad is left alone."""
     import pathbench.models.attention as attn_mod
     from pathbench.kernels import path_attention
-    from pathbench.kernels.triton_check import _loss
 
-    if float64:
-        model = copy.deepcopy(model).double()
+    model = copy.deepcopy(model).to(dtype)
     attn_mod.path_attention = functools.partial(path_attention, backend=backend)
-    loss = _loss(model, inputs, targets)
+    logits = model(inputs)
+    loss = F.cross_entropy(logits.to(loss_dtype).flatten(0, 1), targets.flatten(), ignore_index=-100)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-    return loss.item(), {n: g.double() for (n, _), g in zip(named, grads) if g is not None}
+    grads = {n: g.double() for (n, _), g in zip(named, grads) if g is not None}
+    return loss.item(), logits.detach().double(), grads
 
 
-def _errors(grads, ref):
-    return {n: ((grads[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-300)).item() for n in ref}
+def _relative(x, ref):
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
 def _report(label, ways, inputs, targets, model):
     """ways: (name, backend, setup) triples; setup() runs before that way's gradients."""
-    ref_loss, ref = _gradients(model, inputs, targets, "torch", float64=True)
-    print(f"  {label}: float64 loss {ref_loss:.4g}", flush=True)
-    for name, backend, setup in ways:
-        setup()
-        t0 = time.time()
-        loss, grads = _gradients(model, inputs, targets, backend)
-        errors = _errors(grads, ref)
-        worst = max(errors, key=errors.get)
-        print(f"    {name:36s} loss {loss:.4g}  worst {errors[worst]:.1e} ({worst})  "
-              f"median {statistics.median(errors.values()):.1e}  ({time.time() - t0:.0f}s)", flush=True)
+    ref_loss, ref_logits, ref = _gradients(model, inputs, targets, "torch", torch.float64, torch.float64)
+    print(f"  {label}: float64 loss {ref_loss:.6g}", flush=True)
+    ways = [("float64", "torch", torch.float64, lambda: None)] + [(n, b, torch.float32, f) for n, b, f in ways]
+    for name, backend, dtype, setup in ways:
+        for loss_dtype in (torch.float32, torch.float64):
+            if dtype == loss_dtype == torch.float64:
+                continue  # the reference itself
+            setup()
+            t0 = time.time()
+            loss, logits, grads = _gradients(model, inputs, targets, backend, dtype, loss_dtype)
+            errors = {n: _relative(grads[n], ref[n]) for n in ref}
+            worst = max(errors, key=errors.get)
+            print(f"    {name:30s} loss in {str(loss_dtype)[6:]}: {loss:.6g}  logits "
+                  f"{_relative(logits, ref_logits):.1e}  worst {errors[worst]:.1e} ({worst})  "
+                  f"median {statistics.median(errors.values()):.1e}  ({time.time() - t0:.0f}s)", flush=True)
+
+
+GPU_WAYS = [("torch backend, float32", "torch", lambda: None),
+            ("kernel, float32", "triton", lambda: None)]
 
 
 def save(states_dir, runs):
-    from pathbench.kernels.triton_check import WARM_UP_STEPS, _loss, _model, _optimizer
     import pathbench.models.attention as attn_mod
     from pathbench.kernels import path_attention
-    from pathbench.tasks import make_task
+    from pathbench.kernels.triton_check import WARM_UP_STEPS, _loss, _optimizer
 
     os.makedirs(states_dir, exist_ok=True)
-    task = make_task("flipflop", {"length": T})
-    ways = [("torch backend, float32", "torch", lambda: None),
-            ("kernel, float32 (tf32x3 on the GPU)", "triton", lambda: None)]
     for run in range(runs):
-        model = _model("path", len(task.vocab), head_dim=HEAD_DIM)
+        task, model = _model("cuda")
         opt, sched = _optimizer(model, LR, STEPS)
         kept = {}
         t0 = time.time()
@@ -103,8 +129,8 @@ def save(states_dir, runs):
                 kept[step] = {n: p.detach().cpu().clone() for n, p in model.state_dict().items()}
                 print(f"run {run} step {step} (bf16 training loss {loss.item():.4g}, "
                       f"{time.time() - t0:.0f}s):", flush=True)
-                _report("whole batch", ways, inputs, targets, model)
-                _report(f"first {SUB} sequences", ways, inputs[:SUB], targets[:SUB], model)
+                _report("whole batch", GPU_WAYS, inputs, targets, model)
+                _report(f"first {SUB} sequences", GPU_WAYS, inputs[:SUB], targets[:SUB], model)
             opt.step()
             sched.step()
         path = os.path.join(states_dir, f"states_{run}.pt")
@@ -113,24 +139,25 @@ def save(states_dir, runs):
 
 
 def compare(paths):
-    # the interpreter, and tf32x3_probe's patch of its dot, before triton is imported
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import tf32x3_probe  # noqa: F401  (sets TRITON_INTERPRET=1 and patches the dot)
-    from pathbench.models import build_model, model_config
-    from pathbench.tasks import make_task
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        ways = GPU_WAYS
+    else:
+        # the interpreter, and tf32x3_probe's patch of its dot, before triton is imported
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import tf32x3_probe
 
-    task = make_task("flipflop", {"length": T})
-    model = build_model(model_config({"vocab_size": len(task.vocab), "attention": "path",
-                                      "layers": 2, "heads": 2, "d_model": 2 * HEAD_DIM,
-                                      "beta_max": 2.0}))
-    ways = [("torch backend, float32", "torch", lambda: None),
-            ("kernel, IEEE float32 products", "triton", lambda: tf32x3_probe._use("ieee")),
-            ("kernel, tf32x3 emulated", "triton", lambda: tf32x3_probe._use("tf32x3"))]
+        ways = [("torch backend, float32", "torch", lambda: None),
+                ("kernel, IEEE float32 products", "triton", lambda: tf32x3_probe._use("ieee")),
+                ("kernel, tf32x3 emulated", "triton", lambda: tf32x3_probe._use("tf32x3"))]
+    task, model = _model(device)
     for path in paths:
         for step, state in torch.load(path)["kept"].items():
             model.load_state_dict(state)
-            inputs, targets = _batch(task, step, "cpu")
+            inputs, targets = _batch(task, step, device)
             print(f"{os.path.basename(path)} step {step}:", flush=True)
+            if device == "cuda":
+                _report("whole batch", ways, inputs, targets, model)
             _report(f"first {SUB} sequences", ways, inputs[:SUB], targets[:SUB], model)
 
 
@@ -140,8 +167,8 @@ if __name__ == "__main__":
     on_gpu = sub.add_parser("save")
     on_gpu.add_argument("states_dir")
     on_gpu.add_argument("--runs", type=int, default=2)
-    on_cpu = sub.add_parser("compare")
-    on_cpu.add_argument("paths", nargs="+")
+    anywhere = sub.add_parser("compare")
+    anywhere.add_argument("paths", nargs="+")
     args = parser.parse_args()
     if args.mode == "save":
         save(args.states_dir, args.runs)
