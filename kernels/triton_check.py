@@ -32,11 +32,11 @@ def _model(attention, vocab, layers=2, beta_max=2.0, seed=0, head_dim=32, device
     return build_model(cfg).to(device)
 
 
-def _loss(model, inputs, targets):
+def _loss(model, inputs, targets, at_least=torch.float32):
     logits = model(inputs)
     # bf16 logits (autocast) in float32; a float64 model's in float64: near a loss of 0, a float32
     # loss cannot resolve a log-probability, and its gradients are mostly rounding
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = logits.to(torch.promote_types(logits.dtype, at_least))
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
 
 

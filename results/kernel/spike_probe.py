@@ -16,18 +16,21 @@ whose loss is above 0.05 or whose gradient norm is 20 times the median of the 10
 the same batch's loss and parameter gradients are computed five ways before the step is taken:
 the torch backend in float64 (the reference), and the Triton and torch backends each in
 float32 and in bfloat16 autocast. Printed: the reference loss, then each way's loss and its
-gradients' worst relative difference from the reference over the parameters. On the CPU
-(--cpu STEPS) the training runs once, on the torch backend, without comparisons.
+gradients' worst relative difference from the reference over the parameters. Every way takes
+its loss in float32 (triton_check's `_loss`), the reference in float64. With --loss64 the
+training takes its loss in float64 (the comparisons do not change). On the CPU (--cpu STEPS)
+the training runs once, on the torch backend, without comparisons.
 
-    python3 results/kernel/spike_probe.py --seconds 300 [--backend torch] [--fp32] [--recipe runner]
+    python3 results/kernel/spike_probe.py --seconds 300 [--backend torch] [--fp32] [--recipe runner] [--loss64]
     python3 results/kernel/spike_probe.py --cpu 600 [--bf16]
 
 (Earlier versions made spike.log, spike_cpu.log and spike_runs.log: they took positional
 arguments, knew only the check recipe and took the torch backend in float32 as the reference;
 the first compared spike states only after step 500 and always trained on the Triton kernel.
-This one made spike_f64.log, when triton_check's `_loss` still took every loss in float32, the
-float64 reference's too: at steps 1000 and 1999, losses of 1e-6 and less, that reference's
-gradients were mostly the float32 loss's rounding, trained_states_probe.py.)
+The one before this made spike_f64.log, when triton_check's `_loss` took the reference's loss
+in float32 as well: at losses of 1e-6 and less that reference's gradients were mostly the
+float32 loss's rounding (trained_states_probe.py). This one made spike_f64_loss.log, without
+--loss64, and spike_loss64.log.)
 """
 
 import argparse
@@ -78,7 +81,7 @@ def compare(model, inputs, targets, why, training_backend):
 
 
 def run(name, steps=2000, B=32, T=512, lr=1e-3, head_dim=128, device="cuda", bf16=True,
-        backend="triton", recipe="check"):
+        backend="triton", recipe="check", loss64=False):
     task = make_task("flipflop", {"length": T})
     torch.manual_seed(0)  # as triton_check's model
     model = build_model(model_config({"vocab_size": len(task.vocab), "attention": "path",
@@ -98,7 +101,7 @@ def run(name, steps=2000, B=32, T=512, lr=1e-3, head_dim=128, device="cuda", bf1
         inputs = torch.as_tensor(data.inputs).to(device)
         targets = torch.as_tensor(data.targets).to(device)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
-            loss = _loss(model, inputs, targets)
+            loss = _loss(model, inputs, targets, torch.float64 if loss64 else torch.float32)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
@@ -134,16 +137,19 @@ if __name__ == "__main__":
     parser.add_argument("--backend", choices=("triton", "torch"), default="triton")
     parser.add_argument("--fp32", action="store_true")
     parser.add_argument("--recipe", choices=("check", "runner"), default="check")
+    parser.add_argument("--loss64", action="store_true", help="train with the loss in float64")
     parser.add_argument("--cpu", type=int, metavar="STEPS")
     parser.add_argument("--bf16", action="store_true", help="with --cpu: bfloat16 autocast")
     args = parser.parse_args()
     if args.cpu:
-        run(f"cpu {'bf16' if args.bf16 else 'float32'} {args.recipe}", steps=args.cpu,
-            device="cpu", bf16=args.bf16, backend="torch", recipe=args.recipe)
+        run(f"cpu {'bf16' if args.bf16 else 'float32'} {args.recipe}{' loss64' if args.loss64 else ''}",
+            steps=args.cpu, device="cpu", bf16=args.bf16, backend="torch", recipe=args.recipe,
+            loss64=args.loss64)
         sys.exit()
     start = time.time()
     trial = 0
     while trial == 0 or time.time() - start < args.seconds:
-        run(f"run {trial} ({args.backend} {'fp32' if args.fp32 else 'bf16'} {args.recipe})",
-            backend=args.backend, bf16=not args.fp32, recipe=args.recipe)
+        run(f"run {trial} ({args.backend} {'fp32' if args.fp32 else 'bf16'} {args.recipe}"
+            f"{' loss64' if args.loss64 else ''})",
+            backend=args.backend, bf16=not args.fp32, recipe=args.recipe, loss64=args.loss64)
         trial += 1
