@@ -30,8 +30,8 @@ worst parameter (named) and the median one.
     python3 results/kernel/trained_states_probe.py compare STATES_DIR/states_*.pt
 
 (The first version, which made trained_states_gpu.log and trained_states_cpu.log, took the
-float64 model with a float32 loss as the reference, reported only float32 losses, and compared
-only in `save` on the GPU.)
+float64 model with a float32 loss as the reference and reported only float32 losses; its
+`compare` ran on the CPU only.)
 """
 
 import argparse
@@ -55,7 +55,7 @@ def _batch(task, step, device):
     return torch.as_tensor(data.inputs).to(device), torch.as_tensor(data.targets).to(device)
 
 
-def _model(device):
+def _task_and_model(device):
     from pathbench.kernels.triton_check import _model
     from pathbench.tasks import make_task
 
@@ -87,8 +87,8 @@ def _report(label, ways, inputs, targets, model):
     """ways: (name, backend, setup) triples; setup() runs before that way's gradients."""
     ref_loss, ref_logits, ref = _gradients(model, inputs, targets, "torch", torch.float64, torch.float64)
     print(f"  {label}: float64 loss {ref_loss:.6g}", flush=True)
-    ways = [("float64", "torch", torch.float64, lambda: None)] + [(n, b, torch.float32, f) for n, b, f in ways]
-    for name, backend, dtype, setup in ways:
+    rows = [("float64", "torch", torch.float64, lambda: None)] + [(n, b, torch.float32, f) for n, b, f in ways]
+    for name, backend, dtype, setup in rows:
         for loss_dtype in (torch.float32, torch.float64):
             if dtype == loss_dtype == torch.float64:
                 continue  # the reference itself
@@ -109,11 +109,11 @@ GPU_WAYS = [("torch backend, float32", "torch", lambda: None),
 def save(states_dir, runs):
     import pathbench.models.attention as attn_mod
     from pathbench.kernels import path_attention
-    from pathbench.kernels.triton_check import WARM_UP_STEPS, _loss, _optimizer
+    from pathbench.kernels.triton_check import _loss, _optimizer
 
     os.makedirs(states_dir, exist_ok=True)
     for run in range(runs):
-        task, model = _model("cuda")
+        task, model = _task_and_model("cuda")
         opt, sched = _optimizer(model, LR, STEPS)
         kept = {}
         t0 = time.time()
@@ -134,7 +134,7 @@ def save(states_dir, runs):
             opt.step()
             sched.step()
         path = os.path.join(states_dir, f"states_{run}.pt")
-        torch.save({"kept": kept, "warm_up": WARM_UP_STEPS}, path + ".tmp")
+        torch.save({"kept": kept}, path + ".tmp")
         os.replace(path + ".tmp", path)
 
 
@@ -150,7 +150,7 @@ def compare(paths):
         ways = [("torch backend, float32", "torch", lambda: None),
                 ("kernel, IEEE float32 products", "triton", lambda: tf32x3_probe._use("ieee")),
                 ("kernel, tf32x3 emulated", "triton", lambda: tf32x3_probe._use("tf32x3"))]
-    task, model = _model(device)
+    task, model = _task_and_model(device)
     for path in paths:
         for step, state in torch.load(path)["kept"].items():
             model.load_state_dict(state)
