@@ -15,7 +15,9 @@ that step's gradients there as `compare` does.
 loss and parameter gradients against the float64 reference, on the whole batch (GPU only) and
 on its first SUB sequences, for the torch backend and the kernel in float32 (on the CPU: under
 the interpreter, its products once in IEEE float32 and once in three-pass tf32 emulated,
-tf32x3_probe.py's patch of the interpreter's dot).
+tf32x3_probe.py's patch of the interpreter's dot). With --f64-exp2-log2 the kernel's exp2 and
+log2 are taken in float64 and rounded to float32, instead of the GPU's approximate float32
+ones (ex2.approx.ftz.f32, lg2.approx.f32); on the GPU only.
 
 The model's loss is usually taken in float32 (triton_check's `_loss`); at these states it is
 1e-6 or less, below float32's resolution of a log-probability near 0, so a float32 loss turns
@@ -27,7 +29,7 @@ error, and the gradients' relative errors (the difference's norm over the refere
 worst parameter (named) and the median one.
 
     python3 results/kernel/trained_states_probe.py save STATES_DIR [--runs 2]
-    python3 results/kernel/trained_states_probe.py compare STATES_DIR/states_*.pt
+    python3 results/kernel/trained_states_probe.py compare STATES_DIR/states_*.pt [--f64-exp2-log2]
 
 (The first version, which made trained_states_gpu.log and trained_states_cpu.log, took the
 float64 model with a float32 loss as the reference and reported only float32 losses; its
@@ -40,6 +42,7 @@ import functools
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -97,7 +100,7 @@ def _report(label, ways, inputs, targets, model):
             loss, logits, grads = _gradients(model, inputs, targets, backend, dtype, loss_dtype)
             errors = {n: _relative(grads[n], ref[n]) for n in ref}
             worst = max(errors, key=errors.get)
-            print(f"    {name:30s} loss in {str(loss_dtype)[6:]}: {loss:.6g}  logits "
+            print(f"    {name:46s} loss in {str(loss_dtype)[6:]}: {loss:.6g}  logits "
                   f"{_relative(logits, ref_logits):.1e}  worst {errors[worst]:.1e} ({worst})  "
                   f"median {statistics.median(errors.values()):.1e}  ({time.time() - t0:.0f}s)", flush=True)
 
@@ -138,7 +141,28 @@ def save(states_dir, runs):
         os.replace(path + ".tmp", path)
 
 
-def compare(paths):
+def _float64_exp2_log2():
+    """The kernels' tl.exp2 and tl.log2 (resolved when they compile) in float64, rounded to
+    float32; in a fresh Triton cache, whose keys do not see the swap."""
+    global tl, _float32_exp2, _float32_log2
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
+    import triton
+    import triton.language as tl
+
+    _float32_exp2, _float32_log2 = tl.exp2, tl.log2
+
+    @triton.jit
+    def exp2(x):
+        return _float32_exp2(x.to(tl.float64)).to(tl.float32)
+
+    @triton.jit
+    def log2(x):
+        return _float32_log2(x.to(tl.float64)).to(tl.float32)
+
+    tl.exp2, tl.log2 = exp2, log2
+
+
+def compare(paths, f64_exp2_log2):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         ways = GPU_WAYS
@@ -150,6 +174,11 @@ def compare(paths):
         ways = [("torch backend, float32", "torch", lambda: None),
                 ("kernel, IEEE float32 products", "triton", lambda: tf32x3_probe._use("ieee")),
                 ("kernel, tf32x3 emulated", "triton", lambda: tf32x3_probe._use("tf32x3"))]
+    if f64_exp2_log2:
+        if device != "cuda":
+            raise SystemExit("--f64-exp2-log2 is for the GPU: the interpreter's exp2 and log2 are numpy's")
+        _float64_exp2_log2()
+        ways = [(n + (", float64 exp2 and log2" if b == "triton" else ""), b, f) for n, b, f in ways]
     task, model = _task_and_model(device)
     for path in paths:
         for step, state in torch.load(path)["kept"].items():
@@ -169,8 +198,9 @@ if __name__ == "__main__":
     on_gpu.add_argument("--runs", type=int, default=2)
     anywhere = sub.add_parser("compare")
     anywhere.add_argument("paths", nargs="+")
+    anywhere.add_argument("--f64-exp2-log2", action="store_true")
     args = parser.parse_args()
     if args.mode == "save":
         save(args.states_dir, args.runs)
     else:
-        compare(args.paths)
+        compare(args.paths, args.f64_exp2_log2)
