@@ -15,9 +15,10 @@ that step's gradients there as `compare` does.
 loss and parameter gradients against the float64 reference, on the whole batch (GPU only) and
 on its first SUB sequences, for the torch backend and the kernel in float32 (on the CPU: under
 the interpreter, its products once in IEEE float32 and once in three-pass tf32 emulated,
-tf32x3_probe.py's patch of the interpreter's dot). With --f64-exp2-log2 the kernel's exp2 and
-log2 are taken in float64 and rounded to float32, instead of the GPU's approximate float32
-ones (ex2.approx.ftz.f32, lg2.approx.f32); on the GPU only.
+tf32x3_probe.py's patch of the interpreter's dot). On the GPU only, two switches swap the
+GPU's approximate float32 operations in the kernels for exact ones: --f64-exp2-log2 takes exp2
+and log2 in float64, rounded to float32 (instead of ex2.approx.ftz.f32 and lg2.approx.f32),
+--rn-division divides in float32 rounded to nearest (div.rn.f32 instead of div.full.f32).
 
 The model's loss is usually taken in float32 (triton_check's `_loss`); at these states it is
 1e-6 or less, below float32's resolution of a log-probability near 0, so a float32 loss turns
@@ -29,7 +30,7 @@ error, and the gradients' relative errors (the difference's norm over the refere
 worst parameter (named) and the median one.
 
     python3 results/kernel/trained_states_probe.py save STATES_DIR [--runs 2]
-    python3 results/kernel/trained_states_probe.py compare STATES_DIR/states_*.pt [--f64-exp2-log2]
+    python3 results/kernel/trained_states_probe.py compare STATES_DIR/states_*.pt [--f64-exp2-log2] [--rn-division]
 
 (The first version, which made trained_states_gpu.log and trained_states_cpu.log, took the
 float64 model with a float32 loss as the reference and reported only float32 losses; its
@@ -100,7 +101,7 @@ def _report(label, ways, inputs, targets, model):
             loss, logits, grads = _gradients(model, inputs, targets, backend, dtype, loss_dtype)
             errors = {n: _relative(grads[n], ref[n]) for n in ref}
             worst = max(errors, key=errors.get)
-            print(f"    {name:46s} loss in {str(loss_dtype)[6:]}: {loss:.6g}  logits "
+            print(f"    {name:72s} loss in {str(loss_dtype)[6:]}: {loss:.6g}  logits "
                   f"{_relative(logits, ref_logits):.1e}  worst {errors[worst]:.1e} ({worst})  "
                   f"median {statistics.median(errors.values()):.1e}  ({time.time() - t0:.0f}s)", flush=True)
 
@@ -143,9 +144,8 @@ def save(states_dir, runs):
 
 def _float64_exp2_log2():
     """The kernels' tl.exp2 and tl.log2 (resolved when they compile) in float64, rounded to
-    float32; in a fresh Triton cache, whose keys do not see the swap."""
+    float32."""
     global tl, _float32_exp2, _float32_log2
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
     import triton
     import triton.language as tl
 
@@ -162,7 +162,25 @@ def _float64_exp2_log2():
     tl.exp2, tl.log2 = exp2, log2
 
 
-def compare(paths, f64_exp2_log2):
+def _rn_division():
+    """Every float32 division the kernels compile rounded to nearest (div.rn.f32)."""
+    import triton.language as tl
+    from triton.language import semantic
+
+    approximate = semantic.TritonSemantic.truediv
+
+    def truediv(self, input, other):
+        quotient = approximate(self, input, other)
+        if quotient.type.scalar != tl.float32:
+            return quotient
+        input, other = self.binary_op_type_checking_impl(input, other, False, False, True, True)
+        input, other = self.cast(input, tl.float32), self.cast(other, tl.float32)
+        return self.tensor(self.builder.create_precise_divf(input.handle, other.handle), input.type)
+
+    semantic.TritonSemantic.truediv = truediv
+
+
+def compare(paths, f64_exp2_log2, rn_division):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         ways = GPU_WAYS
@@ -174,11 +192,18 @@ def compare(paths, f64_exp2_log2):
         ways = [("torch backend, float32", "torch", lambda: None),
                 ("kernel, IEEE float32 products", "triton", lambda: tf32x3_probe._use("ieee")),
                 ("kernel, tf32x3 emulated", "triton", lambda: tf32x3_probe._use("tf32x3"))]
-    if f64_exp2_log2:
+    swaps = [(f64_exp2_log2, _float64_exp2_log2, ", float64 exp2 and log2"),
+             (rn_division, _rn_division, ", division rounded to nearest")]
+    if any(on for on, _, _ in swaps):
         if device != "cuda":
-            raise SystemExit("--f64-exp2-log2 is for the GPU: the interpreter's exp2 and log2 are numpy's")
-        _float64_exp2_log2()
-        ways = [(n + (", float64 exp2 and log2" if b == "triton" else ""), b, f) for n, b, f in ways]
+            raise SystemExit("--f64-exp2-log2 and --rn-division are for the GPU: the interpreter "
+                             "computes with numpy")
+        # a fresh Triton cache: its keys do not see the swaps
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
+        for on, swap, label in swaps:
+            if on:
+                swap()
+                ways = [(n + (label if b == "triton" else ""), b, f) for n, b, f in ways]
     task, model = _task_and_model(device)
     for path in paths:
         for step, state in torch.load(path)["kept"].items():
@@ -199,8 +224,9 @@ if __name__ == "__main__":
     anywhere = sub.add_parser("compare")
     anywhere.add_argument("paths", nargs="+")
     anywhere.add_argument("--f64-exp2-log2", action="store_true")
+    anywhere.add_argument("--rn-division", action="store_true")
     args = parser.parse_args()
     if args.mode == "save":
         save(args.states_dir, args.runs)
     else:
-        compare(args.paths, args.f64_exp2_log2)
+        compare(args.paths, args.f64_exp2_log2, args.rn_division)
