@@ -16,7 +16,7 @@ loss and parameter gradients against the float64 reference, on the whole batch (
 on its first SUB sequences, for the torch backend and the kernel in float32 (on the CPU: under
 the interpreter, its products once in IEEE float32 and once in three-pass tf32 emulated,
 tf32x3_probe.py's patch of the interpreter's dot). On the GPU only, two switches swap the
-GPU's approximate float32 operations in the kernels for exact ones: --f64-exp2-log2 takes exp2
+GPU's approximate float32 operations in the kernels for rounded ones: --f64-exp2-log2 takes exp2
 and log2 in float64, rounded to float32 (instead of ex2.approx.ftz.f32 and lg2.approx.f32),
 --rn-division divides in float32 rounded to nearest (div.rn.f32 instead of div.full.f32).
 
