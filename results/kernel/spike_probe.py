@@ -44,8 +44,7 @@ import torch
 
 import pathbench.models.attention as attn_mod
 from pathbench.kernels import path_attention
-from pathbench.kernels.triton_check import WARM_UP_STEPS, _loss, _optimizer
-from pathbench.models import build_model, model_config
+from pathbench.kernels.triton_check import WARM_UP_STEPS, _loss, _model, _optimizer
 from pathbench.tasks import make_task
 
 
@@ -83,10 +82,7 @@ def compare(model, inputs, targets, why, training_backend):
 def run(name, steps=2000, B=32, T=512, lr=1e-3, head_dim=128, device="cuda", bf16=True,
         backend="triton", recipe="check", loss64=False):
     task = make_task("flipflop", {"length": T})
-    torch.manual_seed(0)  # as triton_check's model
-    model = build_model(model_config({"vocab_size": len(task.vocab), "attention": "path",
-                                      "layers": 2, "heads": 2, "d_model": 2 * head_dim,
-                                      "beta_max": 2.0})).to(device)
+    model = _model("path", len(task.vocab), head_dim=head_dim, device=device)
     if recipe == "check":
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _warm_up_then_constant)
