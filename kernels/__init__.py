@@ -1,7 +1,8 @@
 """Attention functions shared by every model: layout [B, T, H, D], causal, any float dtype.
 
 - ``path_attention``: PaTH, PaTH-FoX and FoX behind one call (ATTENTION.md). On CUDA tensors it
-  uses the Triton kernel when that is available, elsewhere the blockwise torch implementation.
+  uses the Triton kernel where that is available and takes the inputs (head sizes 16, 32, 64
+  and 128; float32, float16 and bfloat16), elsewhere the blockwise torch implementation.
 - ``softmax_attention`` (nope, rope=True for rope) and ``sba_attention`` (stick-breaking).
 - ``attention_probs``: the [B, H, T, T] attention weights of any built-in variant, for
   inspection; it materialises every logit (PaTH through the reference implementation).
@@ -56,8 +57,8 @@ def path_attention(q, k, v, w=None, beta=None, log_fgate=None, scale=None, backe
     w=None drops the Householder part (FoX), log_fgate=None the gate (PaTH); w and beta come
     together. beta and log_fgate are [B, T, H]; scale defaults to D**-0.5.
 
-    backend: "auto" (Triton for CUDA tensors when the kernel imports, torch otherwise),
-    "torch" (blockwise, autograd backward) or "triton".
+    backend: "auto" (Triton for CUDA tensors when the kernel imports and takes their head size
+    and dtype, torch otherwise), "torch" (blockwise, autograd backward) or "triton".
     """
     if backend not in BACKENDS:
         raise ValueError(
@@ -66,22 +67,29 @@ def path_attention(q, k, v, w=None, beta=None, log_fgate=None, scale=None, backe
     if (w is None) != (beta is None):
         raise ValueError("path_attention needs w and beta together (or neither, for FoX)")
     if backend == "auto":
-        backend = "triton" if q.is_cuda and _triton_kernel(required=False) else "torch"
+        backend = "triton" if q.is_cuda and _kernel_takes(q) else "torch"
     if backend == "triton":
-        return _triton_kernel(required=True)(q, k, v, w, beta, log_fgate, scale)
+        return _triton_kernel()(q, k, v, w, beta, log_fgate, scale)
     return path_attention_blockwise(q, k, v, w, beta, log_fgate, scale)
 
 
-def _triton_kernel(required: bool):
-    """path_attention_triton, or None when it cannot be imported and is not required."""
+# Import statements, not importlib: torch.compile traces them, so a compiled model calls the
+# kernel without a break in its graph.
+def _kernel_takes(q) -> bool:
+    """Whether the Triton kernel is installed and takes q's head size and dtype."""
     try:
-        # An import statement, not importlib: torch.compile traces it, so a compiled model
-        # calls the kernel without a break in its graph.
+        from pathbench.kernels.triton_path import takes
+    except ImportError:
+        return False
+    return takes(q)
+
+
+def _triton_kernel():
+    """path_attention_triton; an error that says so when it is not installed."""
+    try:
         from pathbench.kernels.triton_path import path_attention_triton
-    except ImportError as exc:
-        if not required:
-            return None
-        if isinstance(exc, ModuleNotFoundError) and exc.name == TRITON_MODULE:
+    except ModuleNotFoundError as exc:
+        if exc.name == TRITON_MODULE:
             raise NotImplementedError(
                 f"the Triton PaTH kernel ({TRITON_MODULE}) is not part of this installation; "
                 "use backend='torch'"

@@ -1811,6 +1811,11 @@ class _PathAttention(torch.autograd.Function):
         return tuple(None if g is None else g.to(x.dtype) for g, x in zip(grads, like)) + (None, None)
 
 
+def takes(q) -> bool:
+    """Whether the kernel takes queries of q's head size and dtype (path_attention's "auto"
+    backend runs the torch implementation for those it does not)."""
+    return q.dim() == 4 and q.shape[-1] in SUPPORTED_HEAD_DIMS and q.dtype in _FLOATS
+
 
 def _check(q, k, v, w, beta, log_fgate):
     if q.dim() != 4:

@@ -502,6 +502,18 @@ def test_dispatch_through_path_attention():
     assert rel(out, path_attention_triton(*args)) == 0.0
 
 
+@pytest.mark.skipif(not CUDA, reason="auto picks the kernel for CUDA tensors only")
+def test_auto_backend_runs_the_kernel_where_it_applies():
+    """On CUDA, "auto" is the kernel at its head sizes and dtypes and the torch implementation
+    at others (a model with heads of 48, or in float64), not an error."""
+    from pathbench.kernels import path_attention_blockwise
+
+    args = make_inputs(1, 37, 2, 32)
+    assert rel(path_attention(*args), path_attention_triton(*args)) == 0.0
+    for args in (make_inputs(1, 37, 2, 48), [x.double() for x in make_inputs(1, 37, 2, 32)]):
+        assert rel(path_attention(*args), path_attention_blockwise(*args)) == 0.0
+
+
 @pytest.mark.skipif(not CUDA, reason="GPU only")
 @pytest.mark.parametrize("D", [16, 32, 64, 128])
 def test_float16_on_gpu(monkeypatch, D):
