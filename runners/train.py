@@ -27,6 +27,7 @@ import hashlib
 import itertools
 import math
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -189,6 +190,14 @@ class TrainStep:
         self.correct += hits
         self.scored += scored
         return losses.detach()
+
+
+# Inductor's advice, printed for compiled graphs, that does not apply here: the float32 products
+# left under bf16 autocast are PaTH's block algebra (the torch path, at head sizes the Triton
+# kernel does not take), kept in float32 on purpose (ATTENTION.md), which TF32 would round; and a
+# reduction that gave up online softmax costs only that reduction some speed.
+warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores for float32 matrix multiplication")
+warnings.filterwarnings("ignore", message="\nOnline softmax is disabled on the fly")
 
 
 def compile_for_cuda(fn):

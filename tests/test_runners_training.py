@@ -1,9 +1,12 @@
-"""The training loop on the CPU: the packed optimizer against torch's AdamW, and a pack of runs
-against the same runs trained one by one."""
+"""The training loop on the CPU: the packed optimizer against torch's AdamW, a pack of runs
+against the same runs trained one by one, and the warnings it keeps quiet."""
 
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -159,3 +162,27 @@ def test_runs_of_an_unpackable_model_train_one_after_another(tmp_path, monkeypat
                for record in records]
     assert weights[0]["head.weight"].shape == (len(TASK.vocab), 16)  # a single model's
     assert not torch.equal(weights[0]["head.weight"], weights[1]["head.weight"])
+
+
+def test_inductor_advice_that_does_not_apply_is_not_printed():
+    """Two notes inductor prints while it compiles a CUDA training step, as torch words them:
+    TF32 for float32 products (PaTH's block algebra keeps float32 on purpose) and a reduction
+    without online softmax. Other warnings still show."""
+    code = textwrap.dedent(r"""
+        import warnings
+        import pathbench.runners.train
+        for message in (
+            "TensorFloat32 tensor cores for float32 matrix multiplication available but not "
+            "enabled. Consider setting `torch.set_float32_matmul_precision('high')` for better "
+            "performance.",
+            "\nOnline softmax is disabled on the fly since Inductor decides to\nsplit the "
+            "reduction. Cut an issue to PyTorch if this is an\nimportant use case and you want "
+            "to speed it up with online\nsoftmax.\n",
+            "a warning of another kind",
+        ):
+            warnings.warn(message, UserWarning)
+    """)
+    printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True).stderr
+    assert "a warning of another kind" in printed
+    assert "TensorFloat32" not in printed and "Online softmax" not in printed
