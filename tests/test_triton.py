@@ -526,6 +526,20 @@ def test_float16_on_gpu(monkeypatch, D):
     check_against_reference(make_inputs(2, 1100, 2, D, True, True, dtype=torch.float16), fwd_tol=2e-2, grad_tol=5e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("gate", [True, False], ids=["fox", "softmax"])
+def test_without_householder_in_16_bit(monkeypatch, dtype, gate):
+    """FoX and plain softmax, the kernels without their Householder part, with 16-bit q/k/v
+    against float64, forward and gradients: on the GPU in chunks of 512 tokens at both chunked
+    head sizes, the specialisations FoX models train on there."""
+    import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
+    for D in (64, 128) if CUDA else (32,):
+        B, T, H = (2, 1100, 2) if CUDA else (1, 70, 2)
+        check_against_reference(make_inputs(B, T, H, D, False, gate, dtype=dtype), fwd_tol=2e-2, grad_tol=5e-2)
+
+
 @pytest.mark.skipif(not CUDA, reason="GPU chunk sizes")
 @pytest.mark.parametrize("D,gate", [(32, True), (64, False), (128, True)], ids=str)
 def test_chunks_on_gpu(monkeypatch, D, gate):
