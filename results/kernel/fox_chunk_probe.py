@@ -7,8 +7,10 @@ Run on a GPU from results/kernel: `python3 fox_chunk_probe.py > fox_chunks.log`.
 {chunk tokens ("one" = the whole sequence): [ms, MB, difference]} for one shape and way.
 """
 import json
+
 import torch
 import triton.testing
+
 from pathbench.kernels import triton_path as tp
 from pathbench.kernels.bench_kernel import _inputs, _peak_mb
 
