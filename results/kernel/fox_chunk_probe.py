@@ -11,6 +11,7 @@ import json
 import torch
 import triton.testing
 
+from modes_probe import calls, forget_gate_logs
 from pathbench.kernels import triton_path as tp
 from pathbench.kernels.bench_kernel import _inputs, _peak_mb
 
@@ -18,16 +19,10 @@ SHAPES = [(128, 768, 2, 32), (64, 1024, 32, 16), (128, 1024, 16, 16), (64, 2048,
           (128, 2048, 16, 8), (64, 4096, 32, 4), (128, 4096, 16, 4), (64, 16384, 32, 1), (128, 16384, 16, 1)]
 SIZES = (0, 128, 256, 512, 1024)
 for D, T, H, B in SHAPES:
-    q, k, v, _, _ = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    g = torch.nn.functional.logsigmoid(4.0 + torch.randn(B, T, H, device="cuda", generator=gen)).requires_grad_(True)
-    do = torch.randn_like(q)
-    for way, gate in (("softmax", None), ("fox", g)):
-        leaves = [q, k, v] + ([gate] if gate is not None else [])
-
-        def fwd_bwd():
-            tp.path_attention_triton(q, k, v, None, None, gate, D ** -0.5).backward(do)
-
+    args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
+    log_fgate = forget_gate_logs(B, T, H)
+    for way in ("softmax", "fox"):
+        _, fwd_bwd, leaves = calls(way, args, log_fgate, D ** -0.5)
         row, ref = {}, None
         for tokens in SIZES:
             if tokens >= T or (tokens == 0 and T > 4096):
@@ -49,5 +44,5 @@ for D, T, H, B in SHAPES:
             except Exception as e:
                 row[tokens or "one"] = repr(e)[:120]
         print(json.dumps({"D": D, "T": T, "H": H, "B": B, "way": way, "ms_mb_err": row}), flush=True)
-    del q, k, v, g
+    del args, log_fgate
     torch.cuda.empty_cache()

@@ -45,6 +45,13 @@ def calls(way, args, log_fgate, scale):
     return fwd, fwd_bwd, leaves
 
 
+def forget_gate_logs(B, T, H):
+    """log_fgate [B, T, H] (float32, seeded) with gates near 1, as trained FoX models start."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    return torch.nn.functional.logsigmoid(
+        4.0 + torch.randn(B, T, H, device="cuda", generator=gen)).requires_grad_(True)
+
+
 def kernel_ms(fwd_bwd, leaves):
     """Each Triton kernel's ms in one fwd+bwd, and the other CUDA work's as "torch"."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -64,10 +71,7 @@ def kernel_ms(fwd_bwd, leaves):
 def main():
     for D, T, H, B in SHAPES:
         args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
-        gen = torch.Generator(device="cuda").manual_seed(1)
-        # forget gates near 1, as trained FoX models start
-        log_fgate = torch.nn.functional.logsigmoid(
-            4.0 + torch.randn(B, T, H, device="cuda", generator=gen)).requires_grad_(True)
+        log_fgate = forget_gate_logs(B, T, H)
         for way in WAYS:
             fwd, fwd_bwd, leaves = calls(way, args, log_fgate, D ** -0.5)
             fwd_bwd()  # compile outside the timings
