@@ -148,12 +148,14 @@ def _kernels():
 
     @triton.jit
     def _back_across(dr, r, rs, rows, dm, mats, j, added, cols, D: tl.constexpr, RELOAD: tl.constexpr,
-                     ADJ16: tl.constexpr, PREC: tl.constexpr):
+                     ADJ16: tl.constexpr, PREC: tl.constexpr, dm_sum=None):
         """The adjoint dr of rows r carried back across M_j, the j-th D x D product at mats: adds
         r^T dr into dL/dM_j (the j-th at dm; stores it there where the program has not added to
         it before: `added`, _sum_so_far) and returns dr M_j^T. r^T dr goes in row slabs of at
         most 64 (smaller layout conversions), each slab of r loaded again from rs (at rows) with
-        RELOAD (r is one slab otherwise).
+        RELOAD (r is one slab otherwise). dm_sum, for D <= 64 (one slab), is dL/dM_j's partial
+        sum that the caller loaded already (_sum_so_far), early, so that its wait overlaps the
+        caller's products.
 
         With ADJ16 (16-bit inputs only: r and M are float16 there) the products take float16
         operands, tf32's mantissa in half the registers and shared memory: dr is scaled into
@@ -168,10 +170,14 @@ def _kernels():
             else:
                 rsl = r
             dm_ptr = dm + j * D * D + (sl * DS + slab)[:, None] * D + cols[None, :]
-            if ADJ16:
-                tl.store(dm_ptr, _sum_so_far(dm_ptr, added) + tl.dot(tl.trans(rsl.to(tl.float16)), drs) * down)
+            if dm_sum is None:
+                so_far = _sum_so_far(dm_ptr, added)
             else:
-                tl.store(dm_ptr, tl.dot(tl.trans(rsl), dr, acc=_sum_so_far(dm_ptr, added), input_precision=PREC))
+                so_far = dm_sum
+            if ADJ16:
+                tl.store(dm_ptr, so_far + tl.dot(tl.trans(rsl.to(tl.float16)), drs) * down)
+            else:
+                tl.store(dm_ptr, tl.dot(tl.trans(rsl), dr, acc=so_far, input_precision=PREC))
         if ADJ16:
             dr = _carry(drs, mats + j * D * D, cols, D, True, True, PREC) * down
         else:
@@ -499,6 +505,21 @@ def _kernels():
                 if HAS_HH:
                     r = tl.load(rs_j + rows[:, None] * D + cols[None, :]).to(tl.float32)
                 kt = tl.load(KT + tile_j)
+                # dV_jb has its own keys' term, unless jb lies before the program's blocks
+                dv_ptr = DV + tile_j
+                dv_added = (ib > start) | (jb >= start)
+                dk_ptr = DK + tile_j
+                # At D <= 64 the partial sums this step adds to are loaded before its products,
+                # so that their wait overlaps them: 4% to 7% off this scan at D = 64
+                # (variants_early_sums.log). At D = 128, where dL/dM_jb is two slabs and
+                # registers are short, dV's and dK's alone that early made it 1% slower.
+                EARLY: tl.constexpr = D <= 64
+                dm = None
+                if EARLY:
+                    dv = _sum_so_far(dv_ptr, dv_added)
+                    dk = _sum_so_far(dk_ptr, added)
+                    if HAS_HH:
+                        dm = _sum_so_far(DM + jb * D * D + cols[:, None] * D + cols[None, :], added)
                 rb = r.to(DT)
                 gk = tl.load(G + offs_j) if HAS_GATE else gq
                 p = tl.exp2(_logits(rb, kt, gq, gk, scale, HAS_GATE, PREC) - lse[:, None])
@@ -509,20 +530,18 @@ def _kernels():
                 dp = tl.dot(do, tl.trans(_load_rows(V, offs_j, cols, VST, T)), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
                 dsb = (ds * scale).to(DT)
-                # dV_jb has its own keys' term, unless jb lies before the program's blocks
-                dv_ptr = DV + tile_j
-                dv = _sum_so_far(dv_ptr, (ib > start) | (jb >= start))
+                if not EARLY:
+                    dv = _sum_so_far(dv_ptr, dv_added)
+                    dk = _sum_so_far(dk_ptr, added)
                 tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=dv, input_precision=PREC))
-                dk_ptr = DK + tile_j
-                tl.store(dk_ptr, tl.dot(tl.trans(dsb), rb, acc=_sum_so_far(dk_ptr, added), input_precision=PREC))
+                tl.store(dk_ptr, tl.dot(tl.trans(dsb), rb, acc=dk, input_precision=PREC))
                 if HAS_GATE:
                     dg_row += tl.sum(ds, 1)
                     dgc_ptr = DGCOL + offs_j
                     tl.store(dgc_ptr, _sum_so_far(dgc_ptr, added) - tl.sum(ds, 0))
                 if HAS_HH:
                     # dr is dL/d(queries before block jb); carry it back across the block
-                    dr = _back_across(dr, r, rs_j, rows, DM, MB, jb, added, cols, D, (D > 64) | (QB > 1), ADJ16,
-                                      PREC)
+                    dr = _back_across(dr, r, rs_j, rows, DM, MB, jb, added, cols, D, D > 64, ADJ16, PREC, dm)
                 dr = tl.dot(dsb, kt, acc=dr, input_precision=PREC)
             tl.store(DQT + tile_i, dr, mask=((rows >= (QB - 1) * BT) & valid)[:, None])
             tl.store(DGROW + offs_i, dg_row, mask=valid)
