@@ -506,18 +506,17 @@ def _kernels():
                     r = tl.load(rs_j + rows[:, None] * D + cols[None, :]).to(tl.float32)
                 kt = tl.load(KT + tile_j)
                 # dV_jb has its own keys' term, unless jb lies before the program's blocks
-                dv_ptr = DV + tile_j
                 dv_added = (ib > start) | (jb >= start)
-                dk_ptr = DK + tile_j
                 # At D <= 64 the partial sums this step adds to are loaded before its products,
                 # so that their wait overlaps them: 4% to 7% off this scan at D = 64
                 # (variants_early_sums.log). At D = 128, where dL/dM_jb is two slabs and
-                # registers are short, dV's and dK's alone that early made it 1% slower.
+                # registers are short, they are loaded where they are used: dV's and dK's alone
+                # loaded early made the scan 1% slower, and their pointers made early, 2%.
                 EARLY: tl.constexpr = D <= 64
                 dm = None
                 if EARLY:
-                    dv = _sum_so_far(dv_ptr, dv_added)
-                    dk = _sum_so_far(dk_ptr, added)
+                    dv = _sum_so_far(DV + tile_j, dv_added)
+                    dk = _sum_so_far(DK + tile_j, added)
                     if HAS_HH:
                         dm = _sum_so_far(DM + jb * D * D + cols[:, None] * D + cols[None, :], added)
                 rb = r.to(DT)
@@ -531,10 +530,11 @@ def _kernels():
                 ds = p * (dp - delta[:, None])
                 dsb = (ds * scale).to(DT)
                 if not EARLY:
-                    dv = _sum_so_far(dv_ptr, dv_added)
-                    dk = _sum_so_far(dk_ptr, added)
-                tl.store(dv_ptr, tl.dot(tl.trans(p.to(DT)), do, acc=dv, input_precision=PREC))
-                tl.store(dk_ptr, tl.dot(tl.trans(dsb), rb, acc=dk, input_precision=PREC))
+                    dv = _sum_so_far(DV + tile_j, dv_added)
+                tl.store(DV + tile_j, tl.dot(tl.trans(p.to(DT)), do, acc=dv, input_precision=PREC))
+                if not EARLY:
+                    dk = _sum_so_far(DK + tile_j, added)
+                tl.store(DK + tile_j, tl.dot(tl.trans(dsb), rb, acc=dk, input_precision=PREC))
                 if HAS_GATE:
                     dg_row += tl.sum(ds, 1)
                     dgc_ptr = DGCOL + offs_j
