@@ -6,19 +6,16 @@ early_sums_small_d.log).
 Run on a GPU from results/kernel/, one kernel file per version:
 `python3 small_d_probe.py old.py ../../kernels/triton_path.py > early_sums_small_d.log`.
 """
-import importlib.util
 import json
-import subprocess
 import sys
+
+from variants_probe import in_children, load_version
 
 SHAPES = [(32, 512, 2, 64), (16, 512, 4, 64), (32, 2048, 16, 8)]
 
 
 def child(path):
-    spec = importlib.util.spec_from_file_location("pathbench.kernels.triton_path", path)
-    tp = importlib.util.module_from_spec(spec)
-    sys.modules["pathbench.kernels.triton_path"] = tp
-    spec.loader.exec_module(tp)
+    load_version(path)
     from kernel_resources import measure  # imported after the swap: it measures this version
     for D, T, H, B in SHAPES:
         for _ in range(2):
@@ -31,9 +28,4 @@ if __name__ == "__main__":
     if sys.argv[-1] == "--child":
         child(sys.argv[1])
     else:
-        for path in sys.argv[1:]:
-            print("#", path, flush=True)
-            r = subprocess.run([sys.executable, __file__, path, "--child"], capture_output=True, text=True)
-            sys.stdout.write(r.stdout)
-            if r.returncode:
-                print("# failed:", r.stderr.strip().splitlines()[-3:], flush=True)
+        in_children(__file__, [(path, path) for path in sys.argv[1:]])

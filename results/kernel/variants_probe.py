@@ -43,11 +43,29 @@ def apply(tp, settings):
             tp._KERNEL_LAUNCH_64[d][kernel] = tuple(map(int, value.split(",")))
 
 
-def child(path, settings):
+def load_version(path):
+    """The kernel file at path, loaded as pathbench.kernels.triton_path: whatever imports the
+    kernel after this call (kernel_resources.measure, the benchmark's calls) runs this version."""
     spec = importlib.util.spec_from_file_location("pathbench.kernels.triton_path", path)
     tp = importlib.util.module_from_spec(spec)
     sys.modules["pathbench.kernels.triton_path"] = tp
     spec.loader.exec_module(tp)
+    return tp
+
+
+def in_children(script, versions):
+    """Run `script VERSION --child` for each (header, VERSION), one process a version (a kernel
+    module is loaded once a process), printing its output under `# header`."""
+    for header, version in versions:
+        print(f"# {header}", flush=True)
+        r = subprocess.run([sys.executable, script, version, "--child"], capture_output=True, text=True)
+        sys.stdout.write(r.stdout)
+        if r.returncode:
+            print("# failed:", r.stderr.strip().splitlines()[-3:], flush=True)
+
+
+def child(path, settings):
+    tp = load_version(path)
     import torch
     from kernel_resources import measure, shapes_from_env  # imported after the swap: it measures this version
     from pathbench.kernels.reference import path_attention_reference
@@ -91,10 +109,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[2] == "--child":
         child(*sys.argv[1].rsplit(":", 1))
     else:
-        runs = [arg.rsplit(":", 1) for arg in sys.argv[1:]]
-        for path, st in runs:
-            print(f"# {path} {st}", flush=True)
-            r = subprocess.run([sys.executable, __file__, f"{path}:{st}", "--child"], capture_output=True, text=True)
-            sys.stdout.write(r.stdout)
-            if r.returncode:
-                print("# failed:", r.stderr.strip().splitlines()[-3:], flush=True)
+        in_children(__file__, [(" ".join(arg.rsplit(":", 1)), arg) for arg in sys.argv[1:]])
