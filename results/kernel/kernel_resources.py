@@ -52,20 +52,10 @@ class Recorded:
         return call
 
 
-def measure(D, T, H, B):
-    """fwd and fwd+bwd ms (do_bench medians), peak MB, each kernel's ms and the rest's (torch
-    operations) in one fwd+bwd (profiler, mean of three calls) of the Triton kernel."""
-    args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
-    fwd, fwd_bwd, leaves = _fns("ours", args, D ** -0.5)
-    fwd_bwd()
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(fwd_bwd, warmup=20, rep=100, grad_to_none=leaves)
-    ms_fwd = triton.testing.do_bench(fwd, warmup=20, rep=100)
-    for x in leaves:
-        x.grad = None
-    peak = _peak_mb(fwd_bwd)
-    for x in leaves:
-        x.grad = None
+def kernel_times(fwd_bwd, leaves):
+    """The CUDA time of one fwd+bwd (profiler, mean of three calls): each Triton kernel's ms,
+    the preprocessing backward's launches' microseconds in launch order (all three calls), and
+    the other work's ms (torch operations)."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
             for x in leaves:  # as in do_bench: no gradient accumulation among the torch operations
@@ -82,6 +72,24 @@ def measure(D, T, H, B):
                     parts.append(e.device_time)
             else:
                 other += e.device_time / 3e3
+    return per_kernel, parts, other
+
+
+def measure(D, T, H, B):
+    """fwd and fwd+bwd ms (do_bench medians), peak MB, each kernel's ms and the rest's (torch
+    operations) in one fwd+bwd (profiler, mean of three calls) of the Triton kernel."""
+    args = [x.requires_grad_(True) for x in _inputs(B, T, H, D, "cuda")]
+    fwd, fwd_bwd, leaves = _fns("ours", args, D ** -0.5)
+    fwd_bwd()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(fwd_bwd, warmup=20, rep=100, grad_to_none=leaves)
+    ms_fwd = triton.testing.do_bench(fwd, warmup=20, rep=100)
+    for x in leaves:
+        x.grad = None
+    peak = _peak_mb(fwd_bwd)
+    for x in leaves:
+        x.grad = None
+    per_kernel, parts, other = kernel_times(fwd_bwd, leaves)
     n = len(parts) // 3  # the preprocessing backward's launches a call, in part order
     return dict(fwd_ms=round(ms_fwd, 3), fwd_bwd_ms=round(ms, 3), peak_mb=round(peak), torch_ops_ms=round(other, 3),
                 prep_bwd_parts_ms=[round(sum(parts[i::n]) / 3e3, 3) for i in range(n)],

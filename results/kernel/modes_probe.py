@@ -15,9 +15,8 @@ import json
 
 import torch
 import triton.testing
-from torch.profiler import ProfilerActivity, profile
 
-from kernel_resources import NAMES, shapes_from_env
+from kernel_resources import kernel_times, shapes_from_env
 from pathbench.kernels.bench_kernel import LONG_SHAPES, _fns, _inputs
 from pathbench.kernels.triton_path import path_attention_triton
 
@@ -54,17 +53,9 @@ def forget_gate_logs(B, T, H):
 
 def kernel_ms(fwd_bwd, leaves):
     """Each Triton kernel's ms in one fwd+bwd, and the other CUDA work's as "torch"."""
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            for x in leaves:
-                x.grad = None
-            fwd_bwd()
-        torch.cuda.synchronize()
-    ms = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            name = NAMES.get(e.name, "torch")
-            ms[name] = ms.get(name, 0.0) + e.device_time / 3e3
+    ms, _, other = kernel_times(fwd_bwd, leaves)
+    if other:
+        ms["torch"] = other
     return {name: round(t, 3) for name, t in sorted(ms.items())}
 
 
