@@ -2,13 +2,14 @@
 
 The within-chunk scan is the slow way to cover a pair of blocks: it carries the queries across
 every block and reads back float32 sums per pair, where the cross-chunk scans carry them once a
-chunk and keep their sums on chip. A hierarchy of chunks (units of 2, 4, 8, ... blocks, each
-query block crossing one unit a level) would hand every pair to scans of the cross-chunk kind.
-This counts the most that could buy: in the backward every pair of blocks (the diagonal ones
-too) at the cross-chunk scans' measured cost a pair, the forward scan at its time without the
-Householder part (no carries at all), and the block-local kernels, the chunk edges and the
-torch operations at their measured times. A real hierarchy would add chunk edges at every level
-and carries in the forward; none are counted, so each row is a lower bound on its fwd+bwd.
+chunk and hold their tiles' gradients in registers. A hierarchy of chunks (units of 2, 4, 8, ...
+blocks, each query block crossing one unit a level) would hand every pair to scans of the
+cross-chunk kind. This counts the most that could buy: in the backward every pair of blocks (the
+diagonal ones too) at the cross-chunk scans' measured cost a pair, the forward scan at its time
+without the Householder part (no carries at all), and the block-local kernels, the chunk edges
+and the torch operations at their measured times. A real hierarchy would add chunk edges at
+every level and carries in the forward; none are counted, so each row is a lower bound on its
+fwd+bwd.
 
 Reads `resources.log` (each kernel's ms in one fwd+bwd) and `kernel_bench.csv` (the benchmark's
 fwd+bwd medians, which the targets are judged on), both of one run, and `modes.log` (the forward
