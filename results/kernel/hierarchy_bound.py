@@ -38,22 +38,22 @@ def benchmark_ms() -> dict:
     return ms
 
 
+def log_rows(name: str) -> list:
+    """The JSON rows of a probe's log (its other lines are warnings and headers)."""
+    return [json.loads(line) for line in (HERE / name).read_text().splitlines() if line.startswith("{")]
+
+
 def softmax_forward_ms() -> dict:
     """(D, T) -> the forward scan's ms with no Householder part."""
-    ms = {}
-    for line in (HERE / "modes.log").read_text().splitlines():
-        if line.startswith("{"):
-            run = json.loads(line)
-            if run["way"] == "softmax":
-                ms[(run["D"], run["T"])] = run["kernel_ms"]["fwd"]
-    return ms
+    return {(run["D"], run["T"]): run["kernel_ms"]["fwd"] for run in log_rows("modes.log") if run["way"] == "softmax"}
 
 
 def block_pairs(T: int, D: int) -> tuple:
     """(all pairs of blocks J <= I, those the within-chunk scan covers)."""
     N = T // BT
     C = _chunk_blocks(N, BT, D, torch.device("cuda"), ONE_CHUNK_TOKENS)
-    return N * (N + 1) // 2, (N // C) * C * (C + 1) // 2
+    chunks = [min(C, N - first) for first in range(0, N, C)]
+    return N * (N + 1) // 2, sum(n * (n + 1) // 2 for n in chunks)
 
 
 def main():
@@ -62,10 +62,7 @@ def main():
     print("| D | T | block pairs within chunks | block-local + torch ms | scans ms | "
           "scans at best ms | fwd+bwd at best ms | at best / SDPA | now / SDPA |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for line in (HERE / "resources.log").read_text().splitlines():
-        if not line.startswith("{"):
-            continue
-        run = json.loads(line)
+    for run in log_rows("resources.log"):
         D, T = run["D"], run["T"]
         ms = {name: kernel["ms"] for name, kernel in run["kernels"].items()}
         pairs, within = block_pairs(T, D)
