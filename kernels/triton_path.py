@@ -1130,10 +1130,13 @@ INTERPRET_GROUPS = 1
 MAX_GROUPS = 16
 # Tokens a chunk spans on the GPU. Work within chunks grows with their size, carries across
 # chunks with their number; fwd+bwd on the H200 (results/kernel/chunk_probe.log,
-# chunk_probe_groups.log, and chunk_probe_sizes.log on the final kernel) was fastest with one
-# chunk up to ONE_CHUNK_TOKENS, chunks of CHUNK_TOKENS up to LONG_TOKENS, and chunks of
-# LONG_CHUNK_TOKENS beyond.
-ONE_CHUNK_TOKENS = 1024
+# chunk_probe_groups.log, and on the final kernel chunk_probe_sizes.log, chunk_probe_d128.log and
+# chunk_probe_short.log) was fastest with one chunk up to ONE_CHUNK_TOKENS, chunks of
+# CHUNK_TOKENS up to LONG_TOKENS, and chunks of LONG_CHUNK_TOKENS beyond. At 1024 tokens chunks
+# of 512 took 5.32 against 5.59 ms in one chunk at D = 64, and 6.46 against 6.57 at D = 128
+# (1700 MB against 1507, below fla-core's 1714); at 768 tokens one chunk was level at D = 64 and
+# the fastest at D = 128 (the training shape).
+ONE_CHUNK_TOKENS = 768
 CHUNK_TOKENS = 512
 LONG_TOKENS = 4096
 LONG_CHUNK_TOKENS = 1024
