@@ -1133,7 +1133,7 @@ MAX_GROUPS = 16
 # chunk_probe_groups.log, and on the final kernel chunk_probe_sizes.log, chunk_probe_d128.log and
 # chunk_probe_short.log) was fastest with one chunk up to ONE_CHUNK_TOKENS, chunks of
 # CHUNK_TOKENS up to LONG_TOKENS, and chunks of LONG_CHUNK_TOKENS beyond. At 1024 tokens chunks
-# of 512 took 5.32 against 5.59 ms in one chunk at D = 64, and 6.46 against 6.57 at D = 128
+# of 512 took 5.33 against 5.59 ms in one chunk at D = 64, and 6.46 against 6.57 at D = 128
 # (1700 MB against 1507, below fla-core's 1714); at 768 tokens one chunk was level at D = 64 and
 # the fastest at D = 128 (the training shape).
 ONE_CHUNK_TOKENS = 768
