@@ -1142,10 +1142,11 @@ LONG_TOKENS = 4096
 LONG_CHUNK_TOKENS = 1024
 # The forward alone takes one chunk up to FWD_ONE_CHUNK_TOKENS: its scan within a chunk costs
 # less than the backward's, and one chunk spares it the chunk edges (the backward computes its
-# own chunk edges, so the two may chunk differently). On the H200 (results/kernel/variants_prep.log)
-# the forward at 2048 tokens went from 2.26 to 2.05 ms at D = 128 and from 1.61 to 1.50 at D = 64;
-# at 4096 tokens one chunk and chunks were level (2.66 against 2.69 ms at D = 128).
-FWD_ONE_CHUNK_TOKENS = 4096
+# own chunk edges, so the two may chunk differently). On the H200 (results/kernel/fwd_chunk_probe.log)
+# one chunk took the forward at 2048 tokens in 1.22 ms against 1.30 in chunks at D = 64, and 1.35
+# against 1.42 at D = 128; at 4096 tokens chunks took 1.82 against 1.94 ms at D = 128 and were
+# level at D = 64 (1.76 against 1.74, within the two passes' spread of 2.2%).
+FWD_ONE_CHUNK_TOKENS = 2048
 # Per scan, the head sizes at which it takes query blocks two at a time, as one tile of 2 BT
 # rows. The forward's and the within-chunk scan's pair walks the earlier blocks of its chunk
 # together once its second block has crossed the first: a pair shares each key block's loads,
