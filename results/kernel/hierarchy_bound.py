@@ -13,7 +13,8 @@ fwd+bwd.
 
 Reads `resources.log` (each kernel's ms in one fwd+bwd) and `kernel_bench.csv` (the benchmark's
 fwd+bwd medians, which the targets are judged on), both of one run, and `modes.log` (the forward
-scan as plain softmax, on an earlier kernel with the same forward); runs on any machine:
+scan as plain softmax, on an earlier kernel: the same forward but in one chunk up to 4096 tokens);
+runs on any machine:
 `python3 results/kernel/hierarchy_bound.py > results/kernel/hierarchy_bound.log`.
 """
 import csv
