@@ -74,6 +74,8 @@ if __name__ == "__main__":
             verdict = out[1]
         elif "ttg.warp_specialize" in out[1]:
             verdict = "warp-specialized"
+        elif out[1] == out[0]:
+            verdict = "compiled; the same TTGIR as without the attribute"
         else:
-            verdict = "compiled; the same TTGIR as without the attribute" if out[1] == out[0] else "compiled; TTGIR differs, no warp_specialize region"
+            verdict = "compiled; TTGIR differs, no warp_specialize region"
         print(f"{'descriptors' if tma else 'pointers':>11}, {warps} warps: {verdict}")
