@@ -71,6 +71,10 @@ logits, G and log-sum-exps are in base 2 (times log2 e), so that each probabilit
       The first chunk's queries and the last chunk's keys have no program: their terms are 0.
       With 16-bit inputs at HALF_BLOCK_HEAD_DIMS both chunk-edge kernels take float16 operands
       (the adjoints scaled into float16's range) and the whole head at once.
+   Chunks may come in levels (_chunk_levels): then a to d run once a level, on each chunk of the
+   next level as a sequence of its own (the last level: on the whole sequence), so that a pair of
+   blocks goes to the innermost level whose chunks it spans, and the within-chunk scan takes
+   only the pairs within the innermost chunks. Gradients add up across levels.
    Partial sums that several programs make (dMc; dV, dKt, dM within a chunk when it has NG
    programs: the last program's are the sums, the others' cover the blocks up to their last
    query block) live in buffers per program and are summed in torch in a fixed order: gradients
@@ -1122,7 +1126,7 @@ def _kernels():
 # Interpreter (CPU) settings: small blocks so short test sequences span several of them.
 # Tests change these to exercise the GPU's block size and several backward programs per head.
 INTERPRET_BLOCK = 16
-INTERPRET_CHUNK = 2
+INTERPRET_CHUNKS = (2,)  # blocks per chunk, level by level (_chunk_levels)
 INTERPRET_GROUPS = 1
 # Programs a head at most in one backward scan (_num_groups). 16 lets the keys-first scan at
 # D = 128 (4 warps, two programs an SM) fill an H200 with 16 heads: at 16384 tokens it went from
@@ -1132,13 +1136,24 @@ MAX_GROUPS = 16
 # chunks with their number; fwd+bwd on the H200 (results/kernel/chunk_probe.log,
 # chunk_probe_groups.log, and on the final kernel chunk_probe_sizes.log, chunk_probe_d128.log and
 # chunk_probe_short.log) was fastest with one chunk up to ONE_CHUNK_TOKENS, chunks of
-# CHUNK_TOKENS up to LONG_TOKENS, and chunks of LONG_CHUNK_TOKENS beyond. At 1024 tokens chunks
+# CHUNK_TOKENS up to 4096 tokens, and, in one level, chunks of 1024 beyond. At 1024 tokens chunks
 # of 512 took 5.33 against 5.59 ms in one chunk at D = 64, and 6.46 against 6.57 at D = 128
 # (1700 MB against 1507, below fla-core's 1714); at 768 tokens one chunk was level at D = 64 and
 # the fastest at D = 128 (the training shape).
 ONE_CHUNK_TOKENS = 768
 CHUNK_TOKENS = 512
-LONG_TOKENS = 4096
+# Beyond LEVEL_CHUNKS chunks of CHUNK_TOKENS the backward's chunks come in levels (_chunk_levels):
+# chunks of CHUNK_TOKENS crossed inside chunks twice as long, and so on, until the sequence holds
+# at most LEVEL_CHUNKS of the longest, which are crossed across the sequence: (512, 1024) tokens
+# up to 8192, (512, 1024, 2048) up to 16384. The within-chunk scan takes chunks of CHUNK_TOKENS at
+# every length. On the H200 (results/kernel/variants_levels.log), against chunks of 1024 in one
+# level, fwd+bwd went from 12.44 to 12.04 ms at D = 64, T = 8192 (12.09 with three levels) and
+# from 19.19 to 18.18 ms at T = 16384 with three levels (18.82 with two); at D = 128, from 15.08
+# to 14.89 ms at 8192 (15.07 with three) and from 22.74 to 21.78 at 16384 (22.56 with two).
+LEVEL_CHUNKS = 8
+# The forward's chunks beyond LEVEL_CHUNKS chunks of CHUNK_TOKENS, and the backward's where its
+# levels do not divide the sequence (one level; chunks of CHUNK_TOKENS took 12.85 against 12.44
+# ms at D = 64, T = 8192, chunk_probe_sizes.log).
 LONG_CHUNK_TOKENS = 1024
 # The forward alone takes one chunk up to FWD_ONE_CHUNK_TOKENS: its scan within a chunk costs
 # less than the backward's, and one chunk spares it the chunk edges (the backward computes its
@@ -1510,19 +1525,35 @@ def _spec_key(kind, q, has_hh, has_gate):
     return (kind, q.shape[-1], q.dtype, has_hh, has_gate, q.device.index, length)
 
 
-def _chunk_blocks(N: int, BT: int, D: int, device: torch.device, one_chunk_tokens: int) -> int:
-    """Blocks per chunk: keys and queries cross whole chunks in one product each; one chunk up to
-    one_chunk_tokens. With several chunks the count is even: the queries-first scan may take
-    query blocks two at a time."""
+def _chunk_levels(N: int, BT: int, D: int, device: torch.device, one_chunk_tokens: int) -> tuple:
+    """Blocks per chunk, level by level, innermost first: keys and queries cross whole chunks in
+    one product each. The within-chunk scan takes the pairs within the innermost chunks; the
+    cross-chunk scans of a level take the pairs across its chunks within one chunk of the next
+    level (within the sequence, at the last level). One chunk, (N,), up to one_chunk_tokens.
+
+    Each chunk of an outer level runs as a sequence of its own (a view), so outer levels whose
+    chunks do not divide the sequence go, and so does a level whose chunks span it. On the GPU a
+    sequence left with one level of more than LEVEL_CHUNKS chunks takes chunks of
+    LONG_CHUNK_TOKENS instead. With several chunks each count is even: the queries-first scan
+    may take query blocks two at a time."""
     if device.type != "cuda":
-        C = INTERPRET_CHUNK
+        levels = INTERPRET_CHUNKS
     elif N * BT <= one_chunk_tokens or D not in CHUNKED_HEAD_DIMS or BT not in CHUNKED_BLOCKS:
-        C = N
+        return (N,)
     else:
-        C = (LONG_CHUNK_TOKENS if N * BT > LONG_TOKENS else CHUNK_TOKENS) // BT
-    if C < N and C % 2:
-        raise ValueError(f"chunks of {C} blocks: with several chunks the count must be even")
-    return C
+        levels = (CHUNK_TOKENS // BT,)
+        while levels[-1] * LEVEL_CHUNKS < N:
+            levels += (2 * levels[-1],)
+    if any(outer % inner for inner, outer in zip(levels, levels[1:])):
+        raise ValueError(f"chunk levels of {levels} blocks: each must divide the next")
+    levels = tuple(C for C in levels if C < N) or (N,)
+    while len(levels) > 1 and N % levels[-1]:
+        levels = levels[:-1]
+    if device.type == "cuda" and len(levels) == 1 and levels[0] * LEVEL_CHUNKS < N:
+        levels = (LONG_CHUNK_TOKENS // BT,)
+    if levels[0] < N and any(C % 2 for C in levels):
+        raise ValueError(f"chunks of {levels} blocks: with several chunks each count must be even")
+    return levels
 
 
 def _chunk_edges(Qt, Kt, Mb, C, prec, launch_opts, save=False):
@@ -1613,7 +1644,11 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
         Tp = N * BT
-        C = _chunk_blocks(N, BT, D, dev, FWD_ONE_CHUNK_TOKENS)
+        C = _chunk_levels(N, BT, D, dev, FWD_ONE_CHUNK_TOKENS)[-1]
+        if C < N and dev.type == "cuda":
+            # longer chunks slow the forward: 3.28 against 3.20 ms at D = 128, T = 16384, in
+            # chunks of 2048 tokens against 1024 (results/kernel/variants_levels.log)
+            C = min(C, LONG_CHUNK_TOKENS // BT)
         Gf = _gate_cumsum(log_fgate, Tp)
 
         def opts(kernel):
@@ -1641,6 +1676,58 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
     return _with_fallback("fwd", _spec_key("fwd", q, has_hh, has_gate), D, dev, launch)
 
 
+def _across_chunks(C, Qt, Kt, Mb, V, dO, G, lse, delta, dQt, dKt, dV, dM, dGrow, dGcol, *, scale, scan, adj16,
+                   opts, hh_dtype):
+    """Add the gradients of the pairs of blocks in different chunks of C blocks (scans b to d of the
+    backward) into dQt, dKt, dV, dM, dGrow and dGcol, all [B, H, Tp, ...] in place; queries cross
+    to their chunk's start, keys to their chunk's end. Mb, G, dM and dGcol may be the dummy."""
+    B, H, Tp, D = Qt.shape
+    BT, has_hh, prec = scan["BT"], scan["HAS_HH"], scan["PREC"]
+    N = Tp // BT
+    NC = -(-N // C)
+    dev = Qt.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    dummy = _dummy(dev)
+    if has_hh:
+        Qs, Kc, Mc, PS, SS = _chunk_edges(Qt, Kt, Mb, C, prec, opts("edges_fwd"), save=True)
+    else:
+        Qs, Kc, Mc = Qt, Kt, dummy
+    # dQs and dL/dMc (queries first, QB blocks at a time), NGq programs per head with their own
+    # partial sums
+    QB = _query_blocks("cross_q", D)
+    NGq = _num_groups(-(-(N - C) // QB), B * H, dev, opts("cross_q").get("num_warps"))
+    dQs = torch.empty(B, H, Tp, D, **f32)  # the first chunk's rows are neither written nor read
+    dMcp = torch.zeros(B, H, NGq, NC, D, D, **f32) if has_hh else dummy
+    RSc = torch.empty(B, H, NGq, NC, QB * BT, D, dtype=hh_dtype, device=dev) if has_hh else dummy
+    _kernels()[4][(NGq, B * H)](
+        Qs, Kc, V, Mc, G, lse, dO, delta,
+        dQs, dMcp, dGrow, RSc,
+        N, C, NGq, float(scale), QB=QB, ADJ16=adj16, **scan, **opts("cross_q"),
+    )
+    del RSc
+    if has_hh:
+        dMc = _sum_programs(dMcp, NGq)
+        _chunk_edges_backward(Qt, Mb, PS, dQs, dMc.contiguous(), dQt, dM, C, prec, opts("edges_bwd"))
+        del dMc, dMcp, PS
+    else:
+        dQt[:, :, C * BT:] += dQs[:, :, C * BT:]
+    del dQs
+    # dKc and the rest of dV (keys first)
+    NGk = _num_groups((NC - 1) * C, B * H, dev, opts("cross_kv").get("num_warps"))
+    dKc = torch.empty(B, H, Tp, D, **f32)  # the last chunk's rows are neither written nor read
+    KS = torch.empty(B, H, NGk, NC, BT, D, dtype=hh_dtype, device=dev) if has_hh else dummy
+    _kernels()[5][(NGk, B * H)](
+        Qs, Kc, V, Mc, G, lse, dO, delta,
+        dKc, dV, dGcol, KS,
+        N, C, NGk, float(scale), **scan, **opts("cross_kv"),
+    )
+    del KS
+    if has_hh:
+        _chunk_edges_backward(Kt, Mb, SS, dKc, None, dKt, dM, C, prec, opts("edges_bwd"))
+    else:
+        dKt[:, :, :(NC - 1) * C * BT] += dKc[:, :, :(NC - 1) * C * BT]
+
+
 def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
     """Gradients (dq, dk, dv, dw, dbeta, dlog_fgate): dq and dk in q's dtype, dv in v's dtype and
     layout, the rest in float32, dlog_fgate in log_fgate's layout (None where an input is None).
@@ -1660,7 +1747,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
         Tp = N * BT
-        C = _chunk_blocks(N, BT, D, dev, ONE_CHUNK_TOKENS)
+        levels = _chunk_levels(N, BT, D, dev, ONE_CHUNK_TOKENS)
+        C = levels[0]
         NC = -(-N // C)
         pad = (0, Tp - T)
         Gf = _gate_cumsum(log_fgate, Tp)
@@ -1720,50 +1808,14 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
                     sums.view(B, H, -1)[:, :, :nb * size] += region.view(B, H, -1)
         del dKp, dVp, dMp, dGcolp
 
-        # 2. pairs across chunks: queries at their chunk's start, keys at their chunk's end
+        # 2. pairs across chunks, level by level; an outer level's chunks are sequences of their own
         if N > C:
             V = _to_blocks(V, Tp, sd).contiguous()  # V and dO are in sd already: one cast at most
             dO = _to_blocks(dO, Tp, sd).contiguous()
-            if has_hh:
-                Qs, Kc, Mc, PS, SS = _chunk_edges(Qt, Kt, Mb, C, prec, opts("edges_fwd"), save=True)
-            else:
-                Qs, Kc, Mc = Qt, Kt, dummy
-            # dQs and dL/dMc (queries first, QB blocks at a time), NGq programs per head with
-            # their own partial sums
-            QB = _query_blocks("cross_q", D)
-            NGq = _num_groups(-(-(N - C) // QB), B * H, dev, opts("cross_q").get("num_warps"))
-            dQs = torch.empty(B, H, Tp, D, **f32)  # the first chunk's rows are neither written nor read
-            dMcp = torch.zeros(B, H, NGq, NC, D, D, **f32) if has_hh else dummy
-            RSc = torch.empty(B, H, NGq, NC, QB * BT, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
-            _kernels()[4][(NGq, B * H)](
-                Qs, Kc, V, Mc, G, lse, dO, delta,
-                dQs, dMcp, dGrow, RSc,
-                N, C, NGq, float(scale), QB=QB, ADJ16=adj16, **scan, **opts("cross_q"),
-            )
-            del RSc
-            if has_hh:
-                dMc = _sum_programs(dMcp, NGq)
-                _chunk_edges_backward(Qt, Mb, PS, dQs, dMc.contiguous(), dQt, dM, C, prec, opts("edges_bwd"))
-                del dMc, dMcp, PS
-            else:
-                dQt[:, :, C * BT:] += dQs[:, :, C * BT:]
-            del dQs
-            # dKc and the rest of dV (keys first)
-            NGk = _num_groups((NC - 1) * C, B * H, dev, opts("cross_kv").get("num_warps"))
-            dKc = torch.empty(B, H, Tp, D, **f32)  # the last chunk's rows are neither written nor read
-            KS = torch.empty(B, H, NGk, NC, BT, D, dtype=_hh_dtype(q), device=dev) if has_hh else dummy
-            _kernels()[5][(NGk, B * H)](
-                Qs, Kc, V, Mc, G, lse, dO, delta,
-                dKc, dV, dGcol, KS,
-                N, C, NGk, float(scale), **scan, **opts("cross_kv"),
-            )
-            del KS
-            if has_hh:
-                _chunk_edges_backward(Kt, Mb, SS, dKc, None, dKt, dM, C, prec, opts("edges_bwd"))
-                del SS
-            else:
-                dKt[:, :, :(NC - 1) * C * BT] += dKc[:, :, :(NC - 1) * C * BT]
-            del dKc, Qs, Kc, Mc
+            for level, span in zip(levels, levels[1:] + (N,)):
+                tensors = (Qt, Kt, Mb if has_hh else dummy, V, dO, G, lse, delta, dQt, dKt, dV, dM, dGrow, dGcol)
+                views = (x if x is dummy else x.view(1, B * H * N // span, -1, *x.shape[3:]) for x in tensors)
+                _across_chunks(level, *views, scale=scale, scan=scan, adj16=adj16, opts=opts, hh_dtype=_hh_dtype(q))
 
         # 3. the block-local algebra; dv's float32 sums go first, as dv in v's dtype and layout
         # (a gradient in another layout than its input's is copied again by autograd)

@@ -6,6 +6,7 @@ shapes on the GPU, plus long-sequence checks against the torch implementation.
 """
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -109,9 +110,9 @@ def test_gpu_block_size_and_several_backward_programs(monkeypatch):
     monkeypatch.setattr(tp, "INTERPRET_BLOCK", 64)
     monkeypatch.setattr(tp, "INTERPRET_GROUPS", 3)
     check_against_reference(make_inputs(1, 200, 2, 32, True, True))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 1000)  # one chunk: the within-chunk scan's groups
+    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (1000,))  # one chunk: the within-chunk scan's groups
     check_against_reference(make_inputs(1, 200, 2, 32, True, True))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 2)
+    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (2,))
     monkeypatch.setattr(tp, "INTERPRET_BLOCK", 32)
     check_against_reference(make_inputs(2, 100, 1, 16, False, True))
     monkeypatch.setattr(tp, "INTERPRET_BLOCK", 128)
@@ -129,11 +130,50 @@ def test_keys_many_chunks_back(monkeypatch, hh, pairs):
     import pathbench.kernels.triton_path as tp
 
     monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (32,) if pairs else ()))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 4)
+    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (4,))
     monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
     args = make_inputs(2, 170, 1, 32, hh, False)
     args[0] = args[0] * 0.3
     check_against_reference(args, grad_tol=1e-5)
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter settings")
+@pytest.mark.parametrize("hh,gate", [(True, True), (False, True), (True, False)], ids=["path_fox", "fox", "path"])
+def test_chunks_in_levels(monkeypatch, hh, gate):
+    """Chunks of two blocks crossed inside chunks of four, which are crossed inside chunks of
+    eight: sixteen blocks, the last one partial, query blocks in pairs and two programs a head.
+    Every level's cross-chunk scans run (counted), and the gradients add up across levels."""
+    import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,)))
+    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (2, 4, 8))
+    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
+    crossed = []
+    across = tp._across_chunks
+    monkeypatch.setattr(tp, "_across_chunks", lambda C, *a, **k: crossed.append(C) or across(C, *a, **k))
+    args = make_inputs(1, 250, 2, 16, hh, gate)
+    args[0] = args[0] * 0.3  # soft attention: keys far back carry real gradient
+    check_against_reference(args, grad_tol=1e-5)
+    assert crossed == [2, 4, 8]
+
+
+def test_chunk_levels_rule(monkeypatch):
+    """Outer levels whose chunks do not divide the sequence go, and so do levels that span it.
+    On the GPU, chunks of 512 tokens double level by level up to an eighth of the sequence; a
+    sequence left with one level of more than eight chunks takes chunks of 1024 tokens."""
+    import pathbench.kernels.triton_path as tp
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (2, 4, 8))
+    assert [tp._chunk_levels(N, 16, 16, cpu, 0) for N in (16, 24, 20, 8, 5, 2)] == [
+        (2, 4, 8), (2, 4, 8), (2, 4), (2, 4), (2,), (2,)]
+    gpu = SimpleNamespace(type="cuda")
+    blocks = {T: tp._chunk_levels(T // 64, 64, 64, gpu, 768) for T in (768, 1024, 4096, 4160, 8192, 9216, 10048, 16384)}
+    assert blocks == {768: (12,), 1024: (8,), 4096: (8,), 4160: (16,), 8192: (8, 16), 9216: (8, 16), 10048: (16,),
+                      16384: (8, 16, 32)}
+    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (4, 6))
+    with pytest.raises(ValueError, match="each must divide the next"):
+        tp._chunk_levels(24, 16, 16, cpu, 0)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
@@ -145,7 +185,7 @@ def test_one_chunk_in_two_programs(monkeypatch, pairs):
     import pathbench.kernels.triton_path as tp
 
     monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,) if pairs else ()))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 1000)
+    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (1000,))
     monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
     check_against_reference(make_inputs(2, 109, 2, 16, True, True))
 
@@ -314,7 +354,7 @@ def test_no_buffer_is_read_before_it_is_written(monkeypatch, one_chunk):
     monkeypatch.setattr(torch, "empty", lambda *a, **k: filled(empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: filled(empty_like(*a, **k)))
     monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,)))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 1000 if one_chunk else 2)
+    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (1000,) if one_chunk else (2,))
     monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
     for D, hh, gate in ((16, True, True), (32, True, False), (16, False, True)):
         check_against_reference(make_inputs(2, 109, 1, D, hh, gate))
@@ -438,7 +478,7 @@ def test_bfloat16_backward_at_any_gradient_scale(monkeypatch, dout_scale):
     crosses several blocks."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "INTERPRET_CHUNK", 4)
+    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (4,))
     monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (32,)))
     monkeypatch.setattr(tp, "HALF_ADJOINT_HEAD_DIMS", (32,))
     monkeypatch.setattr(tp, "HALF_BLOCK_HEAD_DIMS", (32,))
@@ -553,6 +593,21 @@ def test_chunks_on_gpu(monkeypatch, D, gate):
     monkeypatch.setattr(tp, "CHUNKED_BLOCKS", (16, 32, 64))
     check_against_reference(make_inputs(1, 1100, 2, D, True, gate))
     check_against_reference(make_inputs(1, 1100, 2, D, False, gate))
+
+
+@pytest.mark.skipif(not CUDA, reason="GPU chunk sizes")
+@pytest.mark.parametrize("D", [64, 128])
+def test_chunk_levels_on_gpu(monkeypatch, D):
+    """The backward's levels of chunks, forced at 2000 tokens (at most two chunks a level): chunks
+    of 512 crossed inside chunks of 1024, which are crossed across the sequence; bfloat16 with
+    gate and float32 without, against float64."""
+    import pathbench.kernels.triton_path as tp
+
+    monkeypatch.setattr(tp, "LEVEL_CHUNKS", 2)
+    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
+    assert tp._chunk_levels(32, 64, D, torch.device(DEV), 0) == (8, 16)
+    check_against_reference(make_inputs(2, 2000, 2, D, True, True, dtype=torch.bfloat16), fwd_tol=2e-2, grad_tol=5e-2)
+    check_against_reference(make_inputs(2, 2000, 2, D, True, False))
 
 
 @pytest.mark.skipif(not CUDA, reason="long sequences run on the GPU only")
