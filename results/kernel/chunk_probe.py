@@ -34,6 +34,7 @@ for pass_no in (1, 2):
                 continue
             tp.ONE_CHUNK_TOKENS = T if tokens == 0 else 0
             tp.CHUNK_TOKENS = tp.LONG_CHUNK_TOKENS = tokens or 512
+            tp.LEVEL_CHUNKS = 1 << 20  # one level of chunks
             try:
                 fwd_bwd()
                 ms = triton.testing.do_bench(fwd_bwd, warmup=25, rep=250, grad_to_none=leaves,

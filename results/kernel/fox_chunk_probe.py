@@ -29,6 +29,7 @@ for D, T, H, B in SHAPES:
                 continue
             tp.ONE_CHUNK_TOKENS = T if tokens == 0 else 0
             tp.CHUNK_TOKENS = tp.LONG_CHUNK_TOKENS = tokens or 512
+            tp.LEVEL_CHUNKS = 1 << 20  # one level of chunks
             try:
                 for x in leaves:
                     x.grad = None

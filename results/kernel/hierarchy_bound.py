@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from pathbench.kernels.triton_path import ONE_CHUNK_TOKENS, _chunk_blocks
+from pathbench.kernels.triton_path import ONE_CHUNK_TOKENS, _chunk_levels
 
 HERE = Path(__file__).parent
 BT = 64  # the block of every timed shape
@@ -52,7 +52,7 @@ def softmax_forward_ms() -> dict:
 def block_pairs(T: int, D: int) -> tuple:
     """(all pairs of blocks J <= I, those the within-chunk scan covers)."""
     N = T // BT
-    C = _chunk_blocks(N, BT, D, torch.device("cuda"), ONE_CHUNK_TOKENS)
+    C = _chunk_levels(N, BT, D, torch.device("cuda"), ONE_CHUNK_TOKENS)[0]
     chunks = [min(C, N - first) for first in range(0, N, C)]
     return N * (N + 1) // 2, sum(n * (n + 1) // 2 for n in chunks)
 

@@ -57,6 +57,7 @@ def child(D, setting, hprec, compile_only):
     from pathbench.kernels.bench_kernel import _fns, _inputs
 
     tp.ONE_CHUNK_TOKENS, tp.FWD_ONE_CHUNK_TOKENS, tp.CHUNK_TOKENS, tp.LONG_CHUNK_TOKENS = 1024, 1024, 512, 512
+    tp.LEVEL_CHUNKS = 1 << 20  # one level of chunks
     tp._KERNEL_LAUNCH_64 = {}  # the defaults below, unless swapped
     swap = None if setting == "default" else tuple(map(int, setting.split(",")))
     tp._KERNELS = tuple(Swapped(k, swap) for k in tp._kernels())

@@ -7,9 +7,11 @@ Run on a GPU from the repository root, one FILE:SETTING per version:
 SETTING is "default"; or "num_warps,num_stages" for the preprocessing backward; or items joined
 by "/", each "kernel=num_warps,num_stages" (at both head sizes) or "kernel@D=num_warps,num_stages"
 (at head size D) for a kernel of _KERNEL_LAUNCH_64, or "NAME=value" for one of the module's
-integer settings (ONE_CHUNK_TOKENS, FWD_ONE_CHUNK_TOKENS, CHUNK_TOKENS, LONG_TOKENS,
-LONG_CHUNK_TOKENS) or head-size lists ("HALF_ADJOINT_HEAD_DIMS=64+128", "QUERY_PAIRS.within=none"). A SHAPES environment
-variable ("D,T,H,B;D,T,H,B") replaces the default shapes.
+integer settings (ONE_CHUNK_TOKENS, FWD_ONE_CHUNK_TOKENS, CHUNK_TOKENS, LEVEL_CHUNKS,
+LONG_CHUNK_TOKENS), tuples of integers ("INTERPRET_CHUNKS=2+4") or head-size lists
+("HALF_ADJOINT_HEAD_DIMS=64+128", "QUERY_PAIRS.within=none"). A SHAPES environment variable
+("D,T,H,B;D,T,H,B") replaces the default shapes. Where the version has LEVEL_CHUNKS, the errors
+are also taken with the backward's levels of chunks forced at 2000 tokens ("levels").
 """
 import importlib.util
 import json
@@ -36,7 +38,8 @@ def apply(tp, settings):
                 tp.QUERY_PAIRS[name.split(".")[1]] = dims
             continue
         if name.isupper():
-            setattr(tp, name, int(value))
+            numbers = tuple(map(int, value.split("+")))
+            setattr(tp, name, numbers if isinstance(getattr(tp, name), tuple) else numbers[0])
             continue
         kernel, _, D = name.partition("@")
         for d in [int(D)] if D else list(tp._KERNEL_LAUNCH_64):
@@ -74,10 +77,16 @@ def child(path, settings):
     # chunks of 512 tokens (the last one partial), bfloat16 q/k/v at T = 1100 in chunks of 512
     one_chunk = tp.ONE_CHUNK_TOKENS
     fwd_one_chunk = getattr(tp, "FWD_ONE_CHUNK_TOKENS", None)  # absent in older versions
-    for D, T, dtype, chunked in ((64, 700, torch.float32, False), (64, 700, torch.float32, True),
-                                 (128, 700, torch.float32, False), (64, 1100, torch.bfloat16, True),
-                                 (128, 1100, torch.bfloat16, True)):
+    level_chunks = getattr(tp, "LEVEL_CHUNKS", None)
+    checks = [(64, 700, torch.float32, False), (64, 700, torch.float32, True), (128, 700, torch.float32, False),
+              (64, 1100, torch.bfloat16, True), (128, 1100, torch.bfloat16, True)]
+    if level_chunks is not None:
+        checks += [(64, 2000, torch.float32, "levels"), (64, 2000, torch.bfloat16, "levels"),
+                   (128, 2000, torch.bfloat16, "levels")]
+    for D, T, dtype, chunked in checks:
         tp.ONE_CHUNK_TOKENS = 0 if chunked else one_chunk
+        if level_chunks is not None:
+            tp.LEVEL_CHUNKS = 2 if chunked == "levels" else level_chunks
         if fwd_one_chunk is not None:
             tp.FWD_ONE_CHUNK_TOKENS = 0 if chunked else fwd_one_chunk
         g = torch.Generator().manual_seed(0)
@@ -97,6 +106,8 @@ def child(path, settings):
         print(json.dumps({"check": D, "T": T, "dtype": str(dtype), "chunked": chunked,
                           "errs": [float(f"{e:.2e}") for e in errs]}), flush=True)
     tp.ONE_CHUNK_TOKENS = one_chunk
+    if level_chunks is not None:
+        tp.LEVEL_CHUNKS = level_chunks
     if fwd_one_chunk is not None:
         tp.FWD_ONE_CHUNK_TOKENS = fwd_one_chunk
     for D, T, H, B in shapes_from_env(SHAPES):
