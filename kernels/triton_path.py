@@ -1017,7 +1017,9 @@ def _kernels():
         # S_b = M_{b+1}^T ... M_{nb-1}^T over the chunk's nb blocks: Qs_b = Qt_b P_b,
         # Kc_b = Kt_b S_b, Mc = P_nb; with SAVE, P_b and S_b for the backward. The columns of
         # P and S evolve independently: they are carried in slabs of at most 64 (registers), or
-        # whole with float16 operands (HALF).
+        # whole with float16 operands (HALF). The first chunk has no queries' side (its queries
+        # cross no chunk, and no query crosses it), the last no keys' side (no query comes after
+        # it): nothing reads those.
         c = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
         NC = (N + C - 1) // C
@@ -1032,30 +1034,32 @@ def _kernels():
         for sl in tl.static_range(D // DS):
             slab = sl * DS + tl.arange(0, DS)
             in_slab = cols[:, None] * D + slab[None, :]
-            p = tl.where(cols[:, None] == slab[None, :], 1.0, 0.0)
-            for b in range(0, nb):
-                row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
-                qt = _operand(tl.load(QT + row_ptr + cols[None, :]), HALF)
-                tl.store(QS + row_ptr + slab[None, :],
-                         tl.dot(qt, _operand(p, HALF), input_precision=PREC).to(QS.dtype.element_ty))
-                if SAVE:
-                    tl.store(PS + saved + b * D * D + in_slab, p.to(PS.dtype.element_ty))
-                m = _operand(tl.load(MB + (bh * N + first + b) * D * D + square), HALF)
-                p = tl.dot(m, _operand(p, HALF), input_precision=PREC)
-            tl.store(MC + (bh * NC + c) * D * D + in_slab, p.to(MC.dtype.element_ty))
-
-            s = tl.where(cols[:, None] == slab[None, :], 1.0, 0.0)
-            for bb in range(0, nb):
-                b = nb - 1 - bb
-                row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
-                kt = _operand(tl.load(KT + row_ptr + cols[None, :]), HALF)
-                tl.store(KC + row_ptr + slab[None, :],
-                         tl.dot(kt, _operand(s, HALF), input_precision=PREC).to(KC.dtype.element_ty))
-                if SAVE:
-                    tl.store(SS + saved + b * D * D + in_slab, s.to(SS.dtype.element_ty))
-                if b > 0:  # S_{-1} is never used
+            if c > 0:
+                p = tl.where(cols[:, None] == slab[None, :], 1.0, 0.0)
+                for b in range(0, nb):
+                    row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
+                    qt = _operand(tl.load(QT + row_ptr + cols[None, :]), HALF)
+                    tl.store(QS + row_ptr + slab[None, :],
+                             tl.dot(qt, _operand(p, HALF), input_precision=PREC).to(QS.dtype.element_ty))
+                    if SAVE:
+                        tl.store(PS + saved + b * D * D + in_slab, p.to(PS.dtype.element_ty))
                     m = _operand(tl.load(MB + (bh * N + first + b) * D * D + square), HALF)
-                    s = tl.dot(tl.trans(m), _operand(s, HALF), input_precision=PREC)
+                    p = tl.dot(m, _operand(p, HALF), input_precision=PREC)
+                tl.store(MC + (bh * NC + c) * D * D + in_slab, p.to(MC.dtype.element_ty))
+
+            if c < NC - 1:
+                s = tl.where(cols[:, None] == slab[None, :], 1.0, 0.0)
+                for bb in range(0, nb):
+                    b = nb - 1 - bb
+                    row_ptr = (bh * N * BT + (first + b) * BT + rows)[:, None] * D
+                    kt = _operand(tl.load(KT + row_ptr + cols[None, :]), HALF)
+                    tl.store(KC + row_ptr + slab[None, :],
+                             tl.dot(kt, _operand(s, HALF), input_precision=PREC).to(KC.dtype.element_ty))
+                    if SAVE:
+                        tl.store(SS + saved + b * D * D + in_slab, s.to(SS.dtype.element_ty))
+                    if b > 0:  # S_{-1} is never used
+                        m = _operand(tl.load(MB + (bh * N + first + b) * D * D + square), HALF)
+                        s = tl.dot(tl.trans(m), _operand(s, HALF), input_precision=PREC)
 
     @triton.jit(do_not_specialize=["N", "C"])
     def _edges_bwd_kernel(
@@ -1560,7 +1564,9 @@ def _chunk_edges(Qt, Kt, Mb, C, prec, launch_opts, save=False):
     """Queries moved to their chunk's start, keys to their chunk's end, and each chunk's product
     (_edges_fwd_kernel; chunk_edges_reference is the same in torch): Qs, Kc [B, H, Tp, D] in
     Qt's dtype and Mc [B, H, NC, D, D] in Mb's, plus, with save, the products before and after
-    each block [B, H, NC, C, D, D] that _chunk_edges_backward needs, also in Mb's dtype."""
+    each block [B, H, NC, C, D, D] that _chunk_edges_backward needs, also in Mb's dtype. The
+    first chunk's Qs, Mc and products before, and the last chunk's Kc and products after, are
+    left unset: the scans and the backward do not read them."""
     B, H, Tp, D = Qt.shape
     N = Mb.shape[2]
     NC = -(-N // C)
