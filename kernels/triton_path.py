@@ -1819,9 +1819,11 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             V = _to_blocks(V, Tp, sd).contiguous()  # V and dO are in sd already: one cast at most
             dO = _to_blocks(dO, Tp, sd).contiguous()
             for level, span in zip(levels, levels[1:] + (N,)):
-                tensors = (Qt, Kt, Mb if has_hh else dummy, V, dO, G, lse, delta, dQt, dKt, dV, dM, dGrow, dGcol)
-                views = (x if x is dummy else x.view(1, B * H * N // span, -1, *x.shape[3:]) for x in tensors)
-                _across_chunks(level, *views, scale=scale, scan=scan, adj16=adj16, opts=opts, hh_dtype=_hh_dtype(q))
+                # (no name holds the tensors: step 3 frees some of them early)
+                _across_chunks(level, *(x if x is dummy else x.view(1, B * H * N // span, -1, *x.shape[3:])
+                                        for x in (Qt, Kt, Mb if has_hh else dummy, V, dO, G, lse, delta,
+                                                  dQt, dKt, dV, dM, dGrow, dGcol)),
+                               scale=scale, scan=scan, adj16=adj16, opts=opts, hh_dtype=_hh_dtype(q))
 
         # 3. the block-local algebra; dv's float32 sums go first, as dv in v's dtype and layout
         # (a gradient in another layout than its input's is copied again by autograd)
