@@ -1146,15 +1146,23 @@ MAX_GROUPS = 16
 # the fastest at D = 128 (the training shape).
 ONE_CHUNK_TOKENS = 768
 CHUNK_TOKENS = 512
-# Beyond LEVEL_CHUNKS chunks of CHUNK_TOKENS the backward's chunks come in levels (_chunk_levels):
+# From LEVEL_CHUNKS chunks of CHUNK_TOKENS the backward's chunks come in levels (_chunk_levels):
 # chunks of CHUNK_TOKENS crossed inside chunks twice as long, and so on, until the sequence holds
-# at most LEVEL_CHUNKS of the longest, which are crossed across the sequence: (512, 1024) tokens
-# up to 8192, (512, 1024, 2048) up to 16384. The within-chunk scan takes chunks of CHUNK_TOKENS at
-# every length. On the H200 (results/kernel/variants_levels.log), against chunks of 1024 in one
-# level, fwd+bwd went from 12.44 to 12.04 ms at D = 64, T = 8192 (12.09 with three levels) and
-# from 19.19 to 18.18 ms at T = 16384 with three levels (18.82 with two); at D = 128, from 15.08
-# to 14.89 ms at 8192 (15.07 with three) and from 22.74 to 21.78 at 16384 (22.56 with two).
+# fewer than LEVEL_CHUNKS of the longest (at most LEVEL_CHUNKS once they are SHORT_LEVEL_TOKENS
+# long), which are crossed across the sequence: (512, 1024) tokens from 4096 up to 8191, (512,
+# 1024, 2048) from 8192 up to 16384, (512, ..., 4096) up to 32768. The within-chunk scan takes
+# chunks of CHUNK_TOKENS at every length. On the H200, against chunks of 1024 in one level
+# (results/kernel/variants_levels.log), fwd+bwd went from 12.44 to 12.04 ms at D = 64, T = 8192
+# with two levels and from 19.19 to 18.18 ms at T = 16384 with three (18.82 with two); at D = 128,
+# from 15.08 to 14.89 ms at 8192 and from 22.74 to 21.78 at 16384 (22.56 with two). A level of
+# four chunks pays while they are short (results/kernel/variants_levels_more.log): at T = 4096,
+# 8.68 -> 8.49 ms at D = 64 and 10.64 -> 10.61 at D = 128 with chunks of 1024 crossed in four; at
+# 8192, 11.91 -> 11.81 and 14.52 -> 14.45 with chunks of 2048. Four chunks of 4096 tokens made
+# T = 16384 slower (17.84 -> 18.13 and 21.09 -> 22.36 ms): a level's chunk edges walk a chunk's
+# blocks one after another, one program a chunk (results/kernel/variants_levels_rule.log times
+# the rule at 6144, 12288 and 32768 tokens too).
 LEVEL_CHUNKS = 8
+SHORT_LEVEL_TOKENS = 2048
 # The forward's chunks beyond LEVEL_CHUNKS chunks of CHUNK_TOKENS, and the backward's where its
 # levels do not divide the sequence (one level; chunks of CHUNK_TOKENS took 12.85 against 12.44
 # ms at D = 64, T = 8192, chunk_probe_sizes.log).
@@ -1535,18 +1543,20 @@ def _chunk_levels(N: int, BT: int, D: int, device: torch.device, one_chunk_token
     cross-chunk scans of a level take the pairs across its chunks within one chunk of the next
     level (within the sequence, at the last level). One chunk, (N,), up to one_chunk_tokens.
 
-    Each chunk of an outer level runs as a sequence of its own (a view), so outer levels whose
-    chunks do not divide the sequence go, and so does a level whose chunks span it. On the GPU a
-    sequence left with one level of more than LEVEL_CHUNKS chunks takes chunks of
-    LONG_CHUNK_TOKENS instead. With several chunks each count is even: the queries-first scan
-    may take query blocks two at a time."""
+    On the GPU, levels double from CHUNK_TOKENS while the sequence holds at least LEVEL_CHUNKS
+    chunks of the longest (more than LEVEL_CHUNKS from SHORT_LEVEL_TOKENS on). Each chunk of an
+    outer level runs as a sequence of its own (a view), so outer levels whose chunks do not divide
+    the sequence go, and so does a level whose chunks span it. On the GPU a sequence left with one
+    level of more than LEVEL_CHUNKS chunks takes chunks of LONG_CHUNK_TOKENS instead. With several
+    chunks each count is even: the queries-first scan may take query blocks two at a time."""
     if device.type != "cuda":
         levels = INTERPRET_CHUNKS
     elif N * BT <= one_chunk_tokens or D not in CHUNKED_HEAD_DIMS or BT not in CHUNKED_BLOCKS:
         return (N,)
     else:
         levels = (CHUNK_TOKENS // BT,)
-        while levels[-1] * LEVEL_CHUNKS < N:
+        while levels[-1] * LEVEL_CHUNKS < N or (
+                levels[-1] * LEVEL_CHUNKS == N and 2 * levels[-1] * BT <= SHORT_LEVEL_TOKENS):
             levels += (2 * levels[-1],)
     if any(outer % inner for inner, outer in zip(levels, levels[1:])):
         raise ValueError(f"chunk levels of {levels} blocks: each must divide the next")
@@ -1652,9 +1662,11 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
         Tp = N * BT
         C = _chunk_levels(N, BT, D, dev, FWD_ONE_CHUNK_TOKENS)[-1]
         if C < N and dev.type == "cuda":
-            # longer chunks slow the forward: 3.28 against 3.20 ms at D = 128, T = 16384, in
-            # chunks of 2048 tokens against 1024 (results/kernel/variants_levels.log)
-            C = min(C, LONG_CHUNK_TOKENS // BT)
+            # not the backward's levels: longer chunks slow the forward, 3.28 against 3.20 ms at
+            # D = 128, T = 16384, in chunks of 2048 tokens against 1024; at 4096 tokens, 1.83
+            # against 1.81 in chunks of 1024 against 512 (results/kernel/variants_levels.log,
+            # variants_levels_more.log)
+            C = CHUNK_TOKENS // BT if N <= LEVEL_CHUNKS * CHUNK_TOKENS // BT else LONG_CHUNK_TOKENS // BT
         Gf = _gate_cumsum(log_fgate, Tp)
 
         def opts(kernel):

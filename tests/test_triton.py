@@ -159,8 +159,9 @@ def test_chunks_in_levels(monkeypatch, hh, gate):
 
 def test_chunk_levels_rule(monkeypatch):
     """Outer levels whose chunks do not divide the sequence go, and so do levels that span it.
-    On the GPU, chunks of 512 tokens double level by level up to an eighth of the sequence; a
-    sequence left with one level of more than eight chunks takes chunks of 1024 tokens."""
+    On the GPU, chunks of 512 tokens double level by level while the sequence holds at least
+    eight of the longest (more than eight once they are 2048 tokens long); a sequence left with
+    one level of more than eight chunks takes chunks of 1024 tokens."""
     import pathbench.kernels.triton_path as tp
 
     cpu = torch.device("cpu")
@@ -168,9 +169,10 @@ def test_chunk_levels_rule(monkeypatch):
     assert [tp._chunk_levels(N, 16, 16, cpu, 0) for N in (16, 24, 20, 8, 5, 2)] == [
         (2, 4, 8), (2, 4, 8), (2, 4), (2, 4), (2,), (2,)]
     gpu = SimpleNamespace(type="cuda")
-    blocks = {T: tp._chunk_levels(T // 64, 64, 64, gpu, 768) for T in (768, 1024, 4096, 4160, 8192, 9216, 10048, 16384)}
-    assert blocks == {768: (12,), 1024: (8,), 4096: (8,), 4160: (16,), 8192: (8, 16), 9216: (8, 16), 10048: (16,),
-                      16384: (8, 16, 32)}
+    lengths = (768, 1024, 3584, 4096, 4160, 6144, 8192, 9216, 10048, 16384, 32768)
+    blocks = {T: tp._chunk_levels(T // 64, 64, 64, gpu, 768) for T in lengths}
+    assert blocks == {768: (12,), 1024: (8,), 3584: (8,), 4096: (8, 16), 4160: (16,), 6144: (8, 16), 8192: (8, 16, 32),
+                      9216: (8, 16), 10048: (16,), 16384: (8, 16, 32), 32768: (8, 16, 32, 64)}
     monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (4, 6))
     with pytest.raises(ValueError, match="each must divide the next"):
         tp._chunk_levels(24, 16, 16, cpu, 0)
