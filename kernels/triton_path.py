@@ -1570,6 +1570,20 @@ def _chunk_levels(N: int, BT: int, D: int, device: torch.device, one_chunk_token
     return levels
 
 
+def _forward_chunk(N: int, BT: int, D: int, device: torch.device) -> int:
+    """Blocks per chunk of the forward: one chunk up to FWD_ONE_CHUNK_TOKENS; on the GPU beyond
+    that, chunks of CHUNK_TOKENS while the sequence holds at most LEVEL_CHUNKS of them and of
+    LONG_CHUNK_TOKENS beyond, not the backward's levels. Longer chunks slowed the forward: 3.28
+    against 3.20 ms at D = 128, T = 16384, in chunks of 2048 tokens against 1024; at 4096 tokens,
+    1.83 against 1.81 in chunks of 1024 against 512 (results/kernel/variants_levels.log,
+    variants_levels_more.log). Under the interpreter, the outermost level of INTERPRET_CHUNKS that
+    the sequence takes."""
+    C = _chunk_levels(N, BT, D, device, FWD_ONE_CHUNK_TOKENS)[-1]
+    if C == N or device.type != "cuda":
+        return C
+    return CHUNK_TOKENS // BT if N <= LEVEL_CHUNKS * CHUNK_TOKENS // BT else LONG_CHUNK_TOKENS // BT
+
+
 def _chunk_edges(Qt, Kt, Mb, C, prec, launch_opts, save=False):
     """Queries moved to their chunk's start, keys to their chunk's end, and each chunk's product
     (_edges_fwd_kernel; chunk_edges_reference is the same in torch): Qs, Kc [B, H, Tp, D] in
@@ -1660,13 +1674,7 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
         Tp = N * BT
-        C = _chunk_levels(N, BT, D, dev, FWD_ONE_CHUNK_TOKENS)[-1]
-        if C < N and dev.type == "cuda":
-            # not the backward's levels: longer chunks slow the forward, 3.28 against 3.20 ms at
-            # D = 128, T = 16384, in chunks of 2048 tokens against 1024; at 4096 tokens, 1.83
-            # against 1.81 in chunks of 1024 against 512 (results/kernel/variants_levels.log,
-            # variants_levels_more.log)
-            C = CHUNK_TOKENS // BT if N <= LEVEL_CHUNKS * CHUNK_TOKENS // BT else LONG_CHUNK_TOKENS // BT
+        C = _forward_chunk(N, BT, D, dev)
         Gf = _gate_cumsum(log_fgate, Tp)
 
         def opts(kernel):

@@ -161,7 +161,8 @@ def test_chunk_levels_rule(monkeypatch):
     """Outer levels whose chunks do not divide the sequence go, and so do levels that span it.
     On the GPU, chunks of 512 tokens double level by level while the sequence holds at least
     eight of the longest (more than eight once they are 2048 tokens long); a sequence left with
-    one level of more than eight chunks takes chunks of 1024 tokens."""
+    one level of more than eight chunks takes chunks of 1024 tokens. The forward takes one chunk
+    up to 2048 tokens, then chunks of 512 up to 4096 and of 1024 beyond."""
     import pathbench.kernels.triton_path as tp
 
     cpu = torch.device("cpu")
@@ -173,6 +174,9 @@ def test_chunk_levels_rule(monkeypatch):
     blocks = {T: tp._chunk_levels(T // 64, 64, 64, gpu, 768) for T in lengths}
     assert blocks == {768: (12,), 1024: (8,), 3584: (8,), 4096: (8, 16), 4160: (16,), 6144: (8, 16), 8192: (8, 16, 32),
                       9216: (8, 16), 10048: (16,), 16384: (8, 16, 32), 32768: (8, 16, 32, 64)}
+    forward = {T: tp._forward_chunk(-(-T // 64), 64, 64, gpu) for T in (2048, 2049, 4096, 4097, 16384)}
+    assert forward == {2048: 32, 2049: 8, 4096: 8, 4097: 16, 16384: 16}
+    assert [tp._forward_chunk(N, 16, 16, cpu) for N in (16, 20)] == [8, 4]  # the outermost level taken
     monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (4, 6))
     with pytest.raises(ValueError, match="each must divide the next"):
         tp._chunk_levels(24, 16, 16, cpu, 0)
