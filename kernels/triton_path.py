@@ -1143,7 +1143,10 @@ MAX_GROUPS = 16
 # CHUNK_TOKENS up to 4096 tokens, and, in one level, chunks of 1024 beyond. At 1024 tokens chunks
 # of 512 took 5.33 against 5.59 ms in one chunk at D = 64, and 6.46 against 6.57 at D = 128
 # (1700 MB against 1507, below fla-core's 1714); at 768 tokens one chunk was level at D = 64 and
-# the fastest at D = 128 (the training shape).
+# the fastest at D = 128 (the training shape). Under the levels below, an innermost level of 256
+# tokens cut the within-chunk scan by 35% to 41% but cost more in its chunk edges and cross-chunk
+# scans: 11.82 -> 11.87 ms at D = 64, T = 8192 and 10.60 -> 10.88 at D = 128, T = 4096
+# (results/kernel/variants_chunk256.log).
 ONE_CHUNK_TOKENS = 768
 CHUNK_TOKENS = 512
 # From LEVEL_CHUNKS chunks of CHUNK_TOKENS the backward's chunks come in levels (_chunk_levels):
