@@ -348,11 +348,12 @@ def test_scan_programs_fill_the_gpu_by_their_own_warps(monkeypatch):
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
-@pytest.mark.parametrize("one_chunk", [True, False], ids=["one chunk", "chunks"])
-def test_no_buffer_is_read_before_it_is_written(monkeypatch, one_chunk):
+@pytest.mark.parametrize("chunks", [(1000,), (2,), (2, 4)], ids=["one chunk", "chunks", "levels"])
+def test_no_buffer_is_read_before_it_is_written(monkeypatch, chunks):
     """Every buffer the kernels use comes from torch.empty, here filled with NaN: a sum that starts
-    from what was there, not from zero, shows. One chunk in two programs, or chunks of two
-    blocks; query blocks in pairs at D = 16; with and without w and the gate."""
+    from what was there, not from zero, shows; so does a product with a value left unset, even
+    times zero. One chunk in two programs, chunks of two blocks, or those crossed inside chunks
+    of four; query blocks in pairs at D = 16; with and without w and the gate."""
     import pathbench.kernels.triton_path as tp
 
     empty, empty_like = torch.empty, torch.empty_like
@@ -363,10 +364,12 @@ def test_no_buffer_is_read_before_it_is_written(monkeypatch, one_chunk):
     monkeypatch.setattr(torch, "empty", lambda *a, **k: filled(empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: filled(empty_like(*a, **k)))
     monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,)))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (1000,) if one_chunk else (2,))
+    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", chunks)
     monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
+    T = 128 if len(chunks) > 1 else 109  # eight blocks: the levels divide them
+    assert len(tp._chunk_levels(-(-T // tp.INTERPRET_BLOCK), tp.INTERPRET_BLOCK, 16, torch.device("cpu"), 0)) == len(chunks)
     for D, hh, gate in ((16, True, True), (32, True, False), (16, False, True)):
-        check_against_reference(make_inputs(2, 109, 1, D, hh, gate))
+        check_against_reference(make_inputs(2, T, 1, D, hh, gate))
 
 
 def test_second_backward_gives_the_same_gradients():
