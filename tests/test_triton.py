@@ -367,7 +367,8 @@ def test_no_buffer_is_read_before_it_is_written(monkeypatch, chunks):
     monkeypatch.setattr(tp, "INTERPRET_CHUNKS", chunks)
     monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
     T = 128 if len(chunks) > 1 else 109  # eight blocks: the levels divide them
-    assert len(tp._chunk_levels(-(-T // tp.INTERPRET_BLOCK), tp.INTERPRET_BLOCK, 16, torch.device("cpu"), 0)) == len(chunks)
+    N = -(-T // tp.INTERPRET_BLOCK)
+    assert len(tp._chunk_levels(N, tp.INTERPRET_BLOCK, 16, torch.device("cpu"), 0)) == len(chunks)
     for D, hh, gate in ((16, True, True), (32, True, False), (16, False, True)):
         check_against_reference(make_inputs(2, T, 1, D, hh, gate))
 
