@@ -1,0 +1,39 @@
+"""Ours against SDPA at lengths the benchmark does not take (output: lengths.log): lengths whose
+blocks the backward's levels of chunks do not divide, beside lengths they do, and lengths beyond
+32768 tokens. For each shape: the levels of chunks (blocks of 64 tokens) the backward takes, the
+forward's chunk, then `pathbench bench kernel`'s rows (bfloat16, no gate) and ours / SDPA.
+
+Run on a GPU from the repository root: `python3 results/kernel/lengths_probe.py > lengths.log`.
+"""
+import math
+
+import torch
+
+from pathbench.kernels import triton_path as tp
+from pathbench.kernels.bench_kernel import run_bench
+
+BLOCK = 64
+SHAPES = [(64, 8192, 32, 2), (64, 8704, 32, 2), (64, 10000, 32, 1), (64, 12288, 32, 1), (64, 16384, 32, 1),
+          (64, 32768, 32, 1), (64, 65536, 32, 1),
+          (128, 8192, 16, 2), (128, 8704, 16, 2), (128, 16384, 16, 1), (128, 65536, 16, 1)]
+
+
+def main():
+    cuda = torch.device("cuda")
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    for D, T, H, B in SHAPES:
+        N = math.ceil(T / BLOCK)
+        levels = tp._chunk_levels(N, BLOCK, D, cuda, tp.ONE_CHUNK_TOKENS)
+        fwd_chunk = tp._forward_chunk(N, BLOCK, D, cuda)
+        print(f"D={D} T={T} H={H} B={B}: backward's levels (tokens) {[C * BLOCK for C in levels]}, "
+              f"forward's chunk {fwd_chunk * BLOCK}", flush=True)
+        rows = run_bench([(D, T, H, B)], ("ours", "sdpa"), echo=lambda line: print(line, flush=True))
+        ms = {(r["impl"], r["mode"]): (r["ms"], r["graph_ms"]) for r in rows}
+        for mode in ("fwd", "fwd+bwd"):
+            if ("ours", mode) in ms and ("sdpa", mode) in ms:
+                (o, og), (s, sg) = ms[("ours", mode)], ms[("sdpa", mode)]
+                print(f"  ours / SDPA {mode}: {o / s:.2f}x launched, {og / sg:.2f}x in a graph", flush=True)
+
+
+if __name__ == "__main__":
+    main()
