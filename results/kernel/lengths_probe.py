@@ -1,7 +1,8 @@
 """Ours against SDPA at lengths the benchmark does not take (output: lengths.log): lengths whose
 blocks the backward's levels of chunks do not divide, beside lengths they do, and lengths beyond
-32768 tokens. For each shape: the levels of chunks (blocks of 64 tokens) the backward takes, the
-forward's chunk, then `pathbench bench kernel`'s rows (bfloat16, no gate) and ours / SDPA.
+32768 tokens. First the levels of chunks (blocks of 64 tokens) the backward takes at each shape and
+the forward's chunk, then `pathbench bench kernel`'s rows (bfloat16, no gate) and its tables, ours
+against SDPA, launched and in a CUDA graph.
 
 Run on a GPU from the repository root: `python3 results/kernel/lengths_probe.py > lengths.log`.
 """
@@ -10,7 +11,7 @@ import math
 import torch
 
 from pathbench.kernels import triton_path as tp
-from pathbench.kernels.bench_kernel import run_bench
+from pathbench.kernels.bench_kernel import _table, run_bench
 
 BLOCK = 64
 SHAPES = [(64, 4096, 32, 4), (64, 8192, 32, 2), (64, 8704, 32, 2), (64, 10000, 32, 1), (64, 12288, 32, 1),
@@ -28,12 +29,8 @@ def main():
         fwd_chunk = tp._forward_chunk(N, BLOCK, D, cuda)
         print(f"D={D} T={T} H={H} B={B}: backward's levels (tokens) {[C * BLOCK for C in levels]}, "
               f"forward's chunk {fwd_chunk * BLOCK}", flush=True)
-        rows = run_bench([(D, T, H, B)], ("ours", "sdpa"), echo=lambda line: print(line, flush=True))
-        ms = {(r["impl"], r["mode"]): (r["ms"], r["graph_ms"]) for r in rows}
-        for mode in ("fwd", "fwd+bwd"):
-            if ("ours", mode) in ms and ("sdpa", mode) in ms:
-                (o, og), (s, sg) = ms[("ours", mode)], ms[("sdpa", mode)]
-                print(f"  ours / SDPA {mode}: {o / s:.2f}x launched, {og / sg:.2f}x in a graph", flush=True)
+    rows = run_bench(SHAPES, ("ours", "sdpa"), echo=lambda line: print(line, flush=True))
+    print("\nlaunched:\n" + _table(rows) + "\n\nin a CUDA graph:\n" + _table(rows, "graph_ms"))
 
 
 if __name__ == "__main__":
