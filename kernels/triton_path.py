@@ -1550,8 +1550,9 @@ def _chunk_levels(N: int, BT: int, D: int, device: torch.device, one_chunk_token
     chunks of the longest (more than LEVEL_CHUNKS from SHORT_LEVEL_TOKENS on). Each chunk of an
     outer level runs as a sequence of its own (a view), so outer levels whose chunks do not divide
     the sequence go, and so does a level whose chunks span it. On the GPU a sequence left with one
-    level of more than LEVEL_CHUNKS chunks takes chunks of LONG_CHUNK_TOKENS instead. With several
-    chunks each count is even: the queries-first scan may take query blocks two at a time."""
+    level of more than LEVEL_CHUNKS chunks takes chunks of LONG_CHUNK_TOKENS instead (_one_level).
+    With several chunks each count is even: the queries-first scan may take query blocks two at a
+    time."""
     if device.type != "cuda":
         levels = INTERPRET_CHUNKS
     elif N * BT <= one_chunk_tokens or D not in CHUNKED_HEAD_DIMS or BT not in CHUNKED_BLOCKS:
@@ -1566,8 +1567,8 @@ def _chunk_levels(N: int, BT: int, D: int, device: torch.device, one_chunk_token
     levels = tuple(C for C in levels if C < N) or (N,)
     while len(levels) > 1 and N % levels[-1]:
         levels = levels[:-1]
-    if device.type == "cuda" and len(levels) == 1 and levels[0] * LEVEL_CHUNKS < N:
-        levels = (LONG_CHUNK_TOKENS // BT,)
+    if device.type == "cuda" and len(levels) == 1 and levels[0] < N:
+        levels = (_one_level(N, BT),)
     if levels[0] < N and any(C % 2 for C in levels):
         raise ValueError(f"chunks of {levels} blocks: with several chunks each count must be even")
     return levels
@@ -1584,7 +1585,13 @@ def _forward_chunk(N: int, BT: int, D: int, device: torch.device) -> int:
     C = _chunk_levels(N, BT, D, device, FWD_ONE_CHUNK_TOKENS)[-1]
     if C == N or device.type != "cuda":
         return C
-    return CHUNK_TOKENS // BT if N <= LEVEL_CHUNKS * CHUNK_TOKENS // BT else LONG_CHUNK_TOKENS // BT
+    return _one_level(N, BT)
+
+
+def _one_level(N: int, BT: int) -> int:
+    """Blocks per chunk where the chunks on the GPU come in one level: CHUNK_TOKENS while the
+    sequence holds at most LEVEL_CHUNKS of them, LONG_CHUNK_TOKENS beyond."""
+    return CHUNK_TOKENS // BT if N <= LEVEL_CHUNKS * (CHUNK_TOKENS // BT) else LONG_CHUNK_TOKENS // BT
 
 
 def _chunk_edges(Qt, Kt, Mb, C, prec, launch_opts, save=False):
