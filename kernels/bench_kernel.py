@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from pathbench import UserError
-from pathbench.runners.store import write_atomic, write_text_atomic
+from pathbench.files import write_atomic, write_text_atomic
 
 TOKENS = 16384
 LONG_SHAPES = [(D, T, 32 if D == 64 else 16, TOKENS // T) for D in (64, 128)

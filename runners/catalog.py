@@ -24,7 +24,7 @@ import click
 import numpy as np
 
 from pathbench import UserError
-from pathbench.runners.store import write_atomic
+from pathbench.files import write_atomic
 from pathbench.tasks import IGNORE_INDEX, TASKS, Dataset, Task, default_config, make_task
 
 SUFFIXES = (".npz", ".parquet")

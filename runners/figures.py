@@ -28,7 +28,7 @@ from pathbench.runners.report import (
     to_markdown,
     varying_config_columns,
 )
-from pathbench.runners.store import write_atomic, write_text_atomic
+from pathbench.files import write_atomic, write_text_atomic
 
 FALLBACK_COLOURS = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78"]
 

@@ -36,7 +36,7 @@ def inspect(run_dir, output, split, example, tokens):
 
     from pathbench.models import build_model, model_config
     from pathbench.runners.train import EVALUATION_SEED
-    from pathbench.tasks import make_task
+    from pathbench.tasks import IGNORE_INDEX, make_task
 
     record = store.read_result(run_dir)
     weights_path = run_dir / store.WEIGHTS_FILE
@@ -72,7 +72,7 @@ def inspect(run_dir, output, split, example, tokens):
                 for layer_map in model.attention_maps(inputs)]
     shown = min(tokens, inputs.shape[1])
     words = [task.vocab[i] for i in dataset.inputs[example, :shown]]
-    scored = np.flatnonzero(dataset.targets[example, :shown] != -100)
+    scored = np.flatnonzero(dataset.targets[example, :shown] != IGNORE_INDEX)
 
     layers, heads = len(maps), maps[0].shape[0]
     figure = Figure(figsize=(3.6 * heads, 3.4 * layers), layout="constrained")

@@ -24,11 +24,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pathbench import UserError
+from pathbench.files import write_atomic, write_json_atomic, write_text_atomic  # noqa: F401  (the store's writers)
 
 CONFIG_FILE = "config.json"
 CURVE_FILE = "curve.jsonl"
@@ -37,42 +37,6 @@ WEIGHTS_FILE = "model.pt"
 CORRUPT_SUFFIX = ".corrupt"
 
 DEFAULT_OUT = Path("results/runs")
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-# mkstemp creates files readable by the owner only; records get the usual permissions.
-FILE_MODE = 0o666 & ~_current_umask()
-
-
-def write_atomic(path: Path, write: Callable) -> None:
-    """Write a file through ``write(file_object)`` into a temporary sibling, then rename it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    data = text.encode()
-    write_atomic(path, lambda file: file.write(data))
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 def canonical_json(obj: Any) -> str:

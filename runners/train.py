@@ -39,8 +39,8 @@ from tqdm import tqdm
 from pathbench.models.pack import is_packed, member_state_dict
 from pathbench.runners.config import TrainConfig
 from pathbench.runners.optimizer import PackedAdamW
+from pathbench.tasks import IGNORE_INDEX
 
-IGNORE = -100  # target value of positions that are not scored
 VALIDATION_SEED = 2**32 - 1  # reserved for the validation set; see draw_seed
 EVALUATION_SEED = 0  # every evaluation split is generated with this seed
 
@@ -174,8 +174,8 @@ class TrainStep:
         with _autocast(self.device):
             logits = self.model(inputs)
         token_losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
-                                       ignore_index=IGNORE, reduction="none")
-        scored = (targets != IGNORE).view(self.members, -1)
+                                       ignore_index=IGNORE_INDEX, reduction="none")
+        scored = (targets != IGNORE_INDEX).view(self.members, -1)
         scored_counts = scored.sum(1)
         # Each member's mean over its scored targets, as cross_entropy's own mean would be.
         losses = token_losses.view(self.members, -1).sum(1) / scored_counts

@@ -722,9 +722,9 @@ def test_operators_pass_opcheck():
 
 
 def test_model_checks_loss_keeps_a_float64_models_precision():
-    """triton_check's loss: bf16 logits go to float32, float64 ones stay float64 (near a loss of
+    """gpu_check's loss: bf16 logits go to float32, float64 ones stay float64 (near a loss of
     0 a float32 loss is mostly rounding, so a float64 reference needs its own precision)."""
-    from pathbench.kernels.triton_check import _loss
+    from pathbench.runners.gpu_check import _loss
 
     class Logits(torch.nn.Module):
         def __init__(self, dtype):

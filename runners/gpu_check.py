@@ -1,4 +1,4 @@
-"""GPU checks that models run on the Triton kernel: `python -m pathbench.kernels.triton_check`.
+"""GPU checks that models run on the Triton kernel: `python -m pathbench.runners.gpu_check`.
 
 1. For fox, path and path_fox models (2 layers) on CUDA: one training step's loss and every
    parameter gradient with the default backend (the Triton kernel) against the torch
@@ -20,6 +20,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from pathbench.tasks import IGNORE_INDEX
+
 WARM_UP_STEPS = 200
 
 
@@ -37,7 +39,7 @@ def _loss(model, inputs, targets, at_least=torch.float32):
     # bf16 logits (autocast) in float32; a float64 model's in float64: near a loss of 0, a float32
     # loss cannot resolve a log-probability, and its gradients are mostly rounding
     logits = logits.to(torch.promote_types(logits.dtype, at_least))
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
 
 
 def check_against_torch(B=8, T=300, vocab=16):
@@ -117,7 +119,7 @@ def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0, head_dim=32):
         if step % 250 == 0 or step == steps - 1:
             with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
                 logits = model(inputs)
-            mask = targets != -100
+            mask = targets != IGNORE_INDEX
             acc = (logits.argmax(-1)[mask] == targets[mask]).float().mean().item()
             print(f"step {step:5d} loss {value:.4f} acc {acc:.4f} ({time.time() - t0:.0f}s)")
     print(f"bf16 training, heads of {head_dim}: {steps} steps, {bad} non-finite steps, "
@@ -132,7 +134,7 @@ def main(argv=None):
     parser.add_argument("--beta-max", type=float, default=2.0)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("triton_check needs a CUDA GPU")
+        raise SystemExit("gpu_check needs a CUDA GPU")
     ok = check_against_torch()
     for head_dim in (32, 128):
         ok &= train_bf16(steps=args.steps, beta_max=args.beta_max, head_dim=head_dim)
