@@ -4,8 +4,8 @@
   uses the Triton kernel where that is available and takes the inputs (head sizes 16, 32, 64
   and 128; float32, float16 and bfloat16), elsewhere the blockwise torch implementation.
 - ``softmax_attention`` (nope, rope=True for rope) and ``sba_attention`` (stick-breaking).
-- ``attention_probs``: the [B, H, T, T] attention weights of any built-in variant, for
-  inspection; it materialises every logit (PaTH through the reference implementation).
+- ``softmax_probs``, ``sba_probs`` and ``path_probs``: [B, H, T, T] attention weights, for
+  inspection; they materialise every logit (PaTH through the reference implementation).
 
 PaTH implementations: ``reference`` (the materialised global UT formula, for tests and
 attention maps), ``blockwise`` (per-block solves, the training path without Triton),
@@ -32,20 +32,21 @@ from pathbench.kernels.softmax import (
 
 __all__ = [
     "BACKENDS",
-    "VARIANTS",
     "RecurrentCache",
     "apply_rope",
-    "attention_probs",
     "compute_dtype",
     "path_attention",
     "path_attention_blockwise",
     "path_attention_reference",
+    "path_probs",
+    "resolve_backend",
     "sba_attention",
+    "sba_probs",
     "softmax_attention",
+    "softmax_probs",
 ]
 
 BACKENDS = ("auto", "torch", "triton")
-VARIANTS = ("nope", "rope", "sba", "fox", "path", "path_fox")
 TRITON_MODULE = "pathbench.kernels.triton_path"
 
 
@@ -60,17 +61,22 @@ def path_attention(q, k, v, w=None, beta=None, log_fgate=None, scale=None, backe
     backend: "auto" (Triton for CUDA tensors when the kernel imports and takes their head size
     and dtype, torch otherwise), "torch" (blockwise, autograd backward) or "triton".
     """
+    if (w is None) != (beta is None):
+        raise ValueError("path_attention needs w and beta together (or neither, for FoX)")
+    if resolve_backend(q, backend) == "triton":
+        return _triton_kernel()(q, k, v, w, beta, log_fgate, scale)
+    return path_attention_blockwise(q, k, v, w, beta, log_fgate, scale)
+
+
+def resolve_backend(q, backend="auto") -> str:
+    """The implementation path_attention runs for queries like q: "triton" or "torch"."""
     if backend not in BACKENDS:
         raise ValueError(
             f"unknown attention backend {backend!r}; valid choices: {', '.join(BACKENDS)}"
         )
-    if (w is None) != (beta is None):
-        raise ValueError("path_attention needs w and beta together (or neither, for FoX)")
     if backend == "auto":
-        backend = "triton" if q.is_cuda and _kernel_takes(q) else "torch"
-    if backend == "triton":
-        return _triton_kernel()(q, k, v, w, beta, log_fgate, scale)
-    return path_attention_blockwise(q, k, v, w, beta, log_fgate, scale)
+        return "triton" if q.is_cuda and _kernel_takes(q) else "torch"
+    return backend
 
 
 # Import statements, not importlib: torch.compile traces them, so a compiled model calls the
@@ -98,27 +104,16 @@ def _triton_kernel():
     return path_attention_triton
 
 
-def attention_probs(variant, q, k, w=None, beta=None, log_fgate=None, scale=None):
-    """Attention weights [B, H, T, T] of a built-in variant (rows sum to 1, or at most 1 for sba).
+def softmax_probs(q, k, scale=None, rope=False):
+    """Softmax attention weights [B, H, T, T] (rotary q and k with rope=True)."""
+    return torch.softmax(softmax_logits(q, k, scale, rope=rope), dim=-1)
 
-    Which inputs matter: fox uses log_fgate, path uses w and beta, path_fox all three.
-    """
-    if variant not in VARIANTS:
-        raise ValueError(
-            f"unknown attention variant {variant!r}; valid choices: {', '.join(VARIANTS)}"
-        )
-    if variant == "sba":
-        return sba_log_weights(q, k, scale).exp()
-    if variant in ("nope", "rope"):
-        logits = softmax_logits(q, k, scale, rope=variant == "rope")
-    else:
-        householder = variant in ("path", "path_fox")
-        gated = variant in ("fox", "path_fox")
-        logits = path_logits(
-            q, k,
-            w if householder else None,
-            beta if householder else None,
-            log_fgate if gated else None,
-            scale,
-        )
-    return torch.softmax(logits, dim=-1)
+
+def sba_probs(q, k, scale=None):
+    """Stick-breaking attention weights [B, H, T, T] (each row sums to at most 1)."""
+    return sba_log_weights(q, k, scale).exp()
+
+
+def path_probs(q, k, w=None, beta=None, log_fgate=None, scale=None):
+    """PaTH-family attention weights [B, H, T, T], the inputs as for path_attention."""
+    return torch.softmax(path_logits(q, k, w, beta, log_fgate, scale), dim=-1)

@@ -16,18 +16,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pathbench import UserError
 from pathbench.kernels import (
+    BACKENDS,
     RecurrentCache,
     apply_rope,
-    attention_probs,
     compute_dtype,
     path_attention,
+    path_probs,
+    resolve_backend,
     sba_attention,
+    sba_probs,
     softmax_attention,
+    softmax_probs,
 )
 from pathbench.registry import Registry
-
-ATTENTIONS = Registry("attention", "pathbench.attention")
 
 W_RANK = 32  # PaTH's w comes from the token through a rank-32 bottleneck
 W_CONV_WIDTH = 3  # and a causal depthwise convolution over the last 3 tokens
@@ -43,6 +46,17 @@ class DecodingState:
 
 class Attention(nn.Module):
     """Multi-head causal self-attention; subclasses decide how position enters."""
+
+    backends = ("auto", "torch")  # the values of ModelConfig.backend this variant takes
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        """Raise UserError for a model configuration this variant cannot be built with."""
+        if config.backend not in cls.backends:
+            raise UserError(
+                f"model config 'backend' {config.backend!r} is not available for attention "
+                f"{config.attention!r}; valid choices: {', '.join(cls.backends)}"
+            )
 
     def __init__(self, config):
         super().__init__()
@@ -69,6 +83,10 @@ class Attention(nn.Module):
         q, k, v = self.project(x)
         return self.out(self.decode(q, k, v, x, state).flatten(1))
 
+    def implementation(self, q) -> str:
+        """What computes this attention for queries like q [B, T, H, D]: "torch" or "triton"."""
+        return "torch"
+
     def attend(self, q, k, v, x):
         """[B, T, H, D] attention output; x is the layer input, for data-dependent parts."""
         raise NotImplementedError
@@ -82,6 +100,9 @@ class Attention(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} does not support decoding")
 
 
+ATTENTIONS = Registry("attention", "pathbench.attention", Attention)
+
+
 @ATTENTIONS.register("nope")
 class NoPEAttention(Attention):
     """Causal softmax attention with no position encoding at all."""
@@ -90,7 +111,7 @@ class NoPEAttention(Attention):
         return softmax_attention(q, k, v)
 
     def probs(self, q, k, x):
-        return attention_probs("nope", q, k)
+        return softmax_probs(q, k)
 
     def decode(self, q, k, v, x, state):
         state.cache.append(k, v)
@@ -101,11 +122,18 @@ class NoPEAttention(Attention):
 class RoPEAttention(Attention):
     """Softmax attention with rotary embedding of q and k (base 10000)."""
 
+    @classmethod
+    def check_config(cls, config) -> None:
+        super().check_config(config)
+        if (config.d_model // config.heads) % 2:
+            raise UserError(f"rope needs an even head dimension; d_model / heads = "
+                            f"{config.d_model // config.heads}")
+
     def attend(self, q, k, v, x):
         return softmax_attention(q, k, v, rope=True)
 
     def probs(self, q, k, x):
-        return attention_probs("rope", q, k)
+        return softmax_probs(q, k, rope=True)
 
     def decode(self, q, k, v, x, state):
         position = torch.tensor([state.cache.length], device=q.device)
@@ -122,7 +150,7 @@ class StickBreakingAttention(Attention):
         return sba_attention(q, k, v)
 
     def probs(self, q, k, x):
-        return attention_probs("sba", q, k)
+        return sba_probs(q, k)
 
     def decode(self, q, k, v, x, state):
         state.cache.append(k, v)
@@ -159,10 +187,11 @@ class PathFamilyAttention(Attention):
 
     householder = False
     forget_gate = False
-    variant = ""
+    backends = BACKENDS
 
     def __init__(self, config):
         super().__init__(config)
+        self.backend = config.backend
         d_model, heads = config.d_model, config.heads
         if self.forget_gate:
             self.forget_proj = nn.Linear(d_model, heads)
@@ -194,13 +223,16 @@ class PathFamilyAttention(Attention):
             recent = window[:, -(W_CONV_WIDTH - 1):]
         return w, beta, log_fgate, recent
 
+    def implementation(self, q) -> str:
+        return resolve_backend(q, self.backend)
+
     def attend(self, q, k, v, x):
         w, beta, log_fgate, _ = self.position_inputs(x)
-        return path_attention(q, k, v, w, beta, log_fgate)
+        return path_attention(q, k, v, w, beta, log_fgate, backend=self.backend)
 
     def probs(self, q, k, x):
         w, beta, log_fgate, _ = self.position_inputs(x)
-        return attention_probs(self.variant, q, k, w, beta, log_fgate)
+        return path_probs(q, k, w, beta, log_fgate)
 
     def decode(self, q, k, v, x, state):
         w, beta, log_fgate, state.recent = self.position_inputs(x[:, None], state.recent)
@@ -213,7 +245,6 @@ class FoXAttention(PathFamilyAttention):
     """Forgetting attention: softmax logits plus a learned cumulative log forget gate."""
 
     forget_gate = True
-    variant = "fox"
 
 
 @ATTENTIONS.register("path")
@@ -221,7 +252,6 @@ class PaTHAttention(PathFamilyAttention):
     """PaTH: logits transported by the data-dependent Householder product H_i ... H_{j+1}."""
 
     householder = True
-    variant = "path"
 
 
 @ATTENTIONS.register("path_fox")
@@ -230,4 +260,3 @@ class PaTHFoXAttention(PathFamilyAttention):
 
     householder = True
     forget_gate = True
-    variant = "path_fox"

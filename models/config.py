@@ -22,6 +22,9 @@ class ModelConfig:
     d_model: int = 64
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model
     beta_max: float = 2.0  # upper clip of PaTH's beta (< 2 keeps low-precision runs stable)
+    # the attention's implementation: "auto" (Triton on CUDA where it takes the shape, else
+    # torch), "torch" or "triton"; the attention class lists the ones it has
+    backend: str = "auto"
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
@@ -45,12 +48,7 @@ def model_config(values: dict) -> ModelConfig:
                  for key, value in values.items()}
     config = ModelConfig(**converted)
 
-    attentions = ATTENTIONS.names()
-    if config.attention not in attentions:
-        raise UserError(
-            f"unknown attention {config.attention!r}; "
-            f"valid choices: {', '.join(sorted(attentions))}"
-        )
+    attention = ATTENTIONS.get(config.attention)  # a UserError naming the valid choices
     for key in ("vocab_size", "layers", "heads", "d_model", "mlp_ratio"):
         if getattr(config, key) < 1:
             raise UserError(
@@ -61,10 +59,7 @@ def model_config(values: dict) -> ModelConfig:
             f"model config 'd_model' ({config.d_model}) must be divisible by "
             f"'heads' ({config.heads})"
         )
-    if config.attention == "rope" and (config.d_model // config.heads) % 2:
-        raise UserError(
-            f"rope needs an even head dimension; d_model / heads = {config.d_model // config.heads}"
-        )
     if not 0.0 < config.beta_max <= 2.0:
         raise UserError(f"model config 'beta_max' must be in (0, 2], got {config.beta_max}")
+    attention.check_config(config)
     return config

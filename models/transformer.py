@@ -76,6 +76,12 @@ class Transformer(nn.Module):
             x = block(x)
         return self.head(self.norm(x))
 
+    def attention_backend(self, device: torch.device, dtype: torch.dtype) -> str:
+        """What computes the attention on ``device`` for activations of ``dtype``."""
+        attn = self.blocks[0].attn
+        return attn.implementation(
+            torch.empty(1, 1, attn.heads, attn.head_dim, device=device, dtype=dtype))
+
     @torch.no_grad()
     def attention_maps(self, inputs):
         """One [B, H, T, T] tensor of attention weights per layer, for token ids [B, T]."""

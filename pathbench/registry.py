@@ -25,9 +25,13 @@ class Entry:
 
 
 class Registry:
-    def __init__(self, kind: str, group: str):
+    """Names of subclasses of ``base``: built-ins are checked when registered, plugins when
+    first looked up, so a plugin that names anything else is a one-line error naming it."""
+
+    def __init__(self, kind: str, group: str, base: type):
         self.kind = kind  # "task" or "attention", used in messages
         self.group = group
+        self.base = base
         self._builtins: dict[str, Entry] = {}
         self._plugins: dict[str, Entry] | None = None
         self._loaded: dict[str, Any] = {}
@@ -38,6 +42,8 @@ class Registry:
         def decorate(obj):
             if name in self._builtins:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
+            if not self._accepts(obj):
+                raise TypeError(f"{self.kind} {name!r} is not a {self._base_name} subclass")
             self._builtins[name] = Entry(name, BUILTIN, lambda: obj)
             self._loaded[name] = obj
             return obj
@@ -77,8 +83,19 @@ class Registry:
                 f"{self.kind} {name!r} from plugin package {entry.origin!r} failed to load: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+        if not self._accepts(obj):
+            raise UserError(f"{self.kind} {name!r} from plugin package {entry.origin!r} is not a "
+                            f"{self._base_name} subclass (got {obj!r})")
         self._loaded[name] = obj
         return obj
+
+    def _accepts(self, obj: Any) -> bool:
+        return isinstance(obj, type) and issubclass(obj, self.base)
+
+    @property
+    def _base_name(self) -> str:
+        package = ".".join(self.base.__module__.split(".")[:2])  # where it is exported
+        return f"{package}.{self.base.__qualname__}"
 
     def origin(self, name: str) -> str:
         return self.entries()[name].origin

@@ -40,7 +40,7 @@ class LazyGroup(click.Group):
         "run": "pathbench.runners.run:run",
         "sweep": "pathbench.runners.sweep:sweep",
         "results": "pathbench.runners.report:results",
-        "plot": "pathbench.runners.report:plot",
+        "plot": "pathbench.runners.figures:plot",
         "inspect": "pathbench.runners.inspect:inspect",
         "bench": "pathbench.runners.cli:bench",
     },

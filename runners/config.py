@@ -25,6 +25,7 @@ The device and the preset are not part of it: the preset's effect is already in 
 from __future__ import annotations
 
 import dataclasses
+import os
 import math
 import typing
 from dataclasses import dataclass
@@ -206,6 +207,9 @@ def resolve_run(
     if "vocab_size" in model_values:
         raise UserError("model.vocab_size is set by the task's vocabulary and cannot be changed")
     model = model_config({**model_values, "vocab_size": len(task.vocab)})
+    if model.backend == "triton" and device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise UserError("model.backend 'triton' needs --device cuda (or TRITON_INTERPRET=1 for "
+                        "Triton's CPU interpreter); valid choices on the CPU: auto, torch")
 
     train_options = {key: options.get(key) for key in ("steps", "batch_size", "lr")}
     train = train_config(

@@ -16,34 +16,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import click
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from pathbench.files import write_atomic, write_text_atomic
+from pathbench.runners import store
 from pathbench.runners.report import (
-    MODEL_COLOURS,
+    load_filtered,
     aggregate,
+    builtin_models,
+    filter_options,
     min_layers_table,
+    model_order,
     tidy,
     to_markdown,
     varying_config_columns,
 )
-from pathbench.files import write_atomic, write_text_atomic
 
+# The built-in models' colours, in the registry's order (nope, rope, sba, fox, path,
+# path_fox), so that a model looks the same in every figure; other models take FALLBACK_COLOURS.
+BUILTIN_COLOURS = ["#7f7f7f", "#1f77b4", "#2ca02c", "#ff7f0e", "#d62728", "#9467bd"]
 FALLBACK_COLOURS = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78"]
 
 
 def colour(model: str, models: list[str]) -> str:
-    if model in MODEL_COLOURS:
-        return MODEL_COLOURS[model]
-    others = [m for m in models if m not in MODEL_COLOURS]
+    builtins = builtin_models()
+    if model in builtins:
+        return BUILTIN_COLOURS[builtins.index(model) % len(BUILTIN_COLOURS)]
+    others = [m for m in models if m not in builtins]
     return FALLBACK_COLOURS[others.index(model) % len(FALLBACK_COLOURS)]
-
-
-def model_order(models) -> list[str]:
-    """Built-in models in the paper's order, then any others alphabetically."""
-    known = [m for m in MODEL_COLOURS if m in set(models)]
-    return known + sorted(set(models) - set(known))
 
 
 def plan_panels(frame: pd.DataFrame) -> list[dict]:
@@ -188,3 +191,20 @@ def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
     write_text_atomic(markdown, tables + "\n")
     written.append(markdown)
     return written, tables
+
+
+@click.command()
+@click.argument("directory", required=False, type=click.Path(path_type=Path),
+                default=store.DEFAULT_OUT)
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="Figure path; FILE.png, FILE.pdf and FILE.md (the tables) are written.")
+@filter_options
+def plot(directory, output, task, model, layers, heads, status):
+    """Draw paper-style figures of the runs under DIRECTORY (default results/runs)."""
+    frame = load_filtered(directory, dict(task=task, model=model, layers=layers, heads=heads,
+                                           status=status))
+    written, tables = draw(frame, output)
+    if tables:
+        click.echo(tables)
+    for path in written:
+        click.echo(f"wrote {path}")

@@ -25,12 +25,13 @@ from pathbench.tasks import IGNORE_INDEX
 WARM_UP_STEPS = 200
 
 
-def _model(attention, vocab, layers=2, beta_max=2.0, seed=0, head_dim=32, device="cuda"):
+def _model(attention, vocab, layers=2, beta_max=2.0, seed=0, head_dim=32, device="cuda",
+           backend="auto"):
     from pathbench.models import build_model, model_config
 
     torch.manual_seed(seed)
     cfg = model_config({"vocab_size": vocab, "attention": attention, "layers": layers, "heads": 2,
-                        "d_model": 2 * head_dim, "beta_max": beta_max})
+                        "d_model": 2 * head_dim, "beta_max": beta_max, "backend": backend})
     return build_model(cfg).to(device)
 
 
@@ -43,24 +44,18 @@ def _loss(model, inputs, targets, at_least=torch.float32):
 
 
 def check_against_torch(B=8, T=300, vocab=16):
-    import pathbench.models.attention as attn_mod
-    from pathbench.kernels import path_attention
-
     gen = torch.Generator().manual_seed(1)
     inputs = torch.randint(0, vocab, (B, T), generator=gen).cuda()
     targets = torch.randint(0, vocab, (B, T), generator=gen).cuda()
     ok = True
     for attention in ("fox", "path", "path_fox"):
-        model = _model(attention, vocab)
         results = []
         for backend in ("triton", "torch"):
-            attn_mod.path_attention = functools.partial(path_attention, backend=backend)
-            model.zero_grad()
+            model = _model(attention, vocab, backend=backend)  # the same weights: one seed
             loss = _loss(model, inputs, targets)
             loss.backward()
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
             results.append((loss.item(), grads))
-        attn_mod.path_attention = path_attention
         (l1, g1), (l2, g2) = results
         worst = max(((g1[n] - g2[n]).norm() / g2[n].norm().clamp_min(1e-12)).item() for n in g2)
         loss_diff = abs(l1 - l2) / abs(l2)

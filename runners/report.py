@@ -1,4 +1,4 @@
-"""`pathbench results` and `pathbench plot`: tables and paper-style figures from run records.
+"""`pathbench results`: tables from run records (the figures of `pathbench plot` draw on them).
 
 Everything reads one table: a pandas frame with a row per run (``load_frame``). A *cell* is a
 configuration up to its seed and learning rate. By default a cell is reported at its best
@@ -28,9 +28,6 @@ from pathbench.runners.config import cell_key, parse_int_list
 # "model.*" and "train.*" columns, shown only when they vary.
 NAME_COLUMNS = ["task", "model", "layers", "heads", "d_model"]
 FORMATS = ("table", "csv", "markdown")
-# Fixed colours, so that a model looks the same in every figure.
-MODEL_COLOURS = {"nope": "#7f7f7f", "rope": "#1f77b4", "sba": "#2ca02c", "fox": "#ff7f0e",
-                 "path": "#d62728", "path_fox": "#9467bd"}
 
 
 def record_row(record: dict) -> dict:
@@ -161,8 +158,8 @@ def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_te
     """The columns a reader wants, in order; per split "mean ± std" text or (``as_text``
     False, for CSV) two numeric columns, SPLIT and SPLIT_std."""
     config_columns = [*NAME_COLUMNS, *varying_config_columns(frame), "lr"]
-    model_rank = {name: rank for rank, name in enumerate(MODEL_COLOURS)}  # the paper's order
-    table = table.assign(_rank=table["model"].map(model_rank).fillna(len(model_rank)))
+    model_rank = {name: rank for rank, name in enumerate(model_order(table["model"]))}
+    table = table.assign(_rank=table["model"].map(model_rank))
     table = table.sort_values(["task", "_rank", "model", *config_columns[2:],
                                *(["seed"] if per_run else [])], kind="stable")
     if per_run:
@@ -184,6 +181,21 @@ def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_te
         else:
             shown[split], shown[f"{split}_std"] = table[split], table[f"{split}_std"]
     return shown
+
+
+def builtin_models() -> list[str]:
+    """The built-in attention variants in the order they are registered (the paper's)."""
+    from pathbench.models import ATTENTIONS  # imports torch: only when a table is drawn
+    from pathbench.registry import BUILTIN
+
+    return [name for name, entry in ATTENTIONS.entries().items() if entry.origin == BUILTIN]
+
+
+def model_order(models) -> list[str]:
+    """Built-in models in the registry's order, then any others alphabetically."""
+    present = set(models)
+    known = [m for m in builtin_models() if m in present]
+    return known + sorted(present - set(known))
 
 
 def tidy(value):
@@ -218,7 +230,7 @@ def render(frame: pd.DataFrame, fmt: str) -> str:
     return frame.to_string(index=False, na_rep="", float_format=lambda value: f"{value:.4g}")
 
 
-def _load_filtered(directory: Path, filters: dict) -> pd.DataFrame:
+def load_filtered(directory: Path, filters: dict) -> pd.DataFrame:
     frame = load_frame(directory)
     if frame.empty:
         raise UserError(f"no run records (result.json) under {directory}")
@@ -252,7 +264,7 @@ def filter_options(command):
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 def results(directory, task, model, layers, heads, status, metric, all_lrs, per_run, fmt):
     """Print the results table of the runs under DIRECTORY (default results/runs)."""
-    frame = _load_filtered(directory, dict(task=task, model=model, layers=layers, heads=heads,
+    frame = load_filtered(directory, dict(task=task, model=model, layers=layers, heads=heads,
                                            status=status))
     if metric is not None and not any(c.endswith(f":{metric}") for c in frame.columns):
         available = sorted({c.split(":", 1)[1] for c in frame.columns if ":" in c})
@@ -267,22 +279,3 @@ def results(directory, task, model, layers, heads, status, metric, all_lrs, per_
         heading = f"### {name}\n" if fmt == "markdown" else f"{name}:"
         sections.append(f"{heading}\n{render(shown.drop(columns='task'), fmt)}")
     click.echo("\n\n".join(sections))
-
-
-@click.command()
-@click.argument("directory", required=False, type=click.Path(path_type=Path),
-                default=store.DEFAULT_OUT)
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
-              help="Figure path; FILE.png, FILE.pdf and FILE.md (the tables) are written.")
-@filter_options
-def plot(directory, output, task, model, layers, heads, status):
-    """Draw paper-style figures of the runs under DIRECTORY (default results/runs)."""
-    from pathbench.runners.figures import draw
-
-    frame = _load_filtered(directory, dict(task=task, model=model, layers=layers, heads=heads,
-                                           status=status))
-    written, tables = draw(frame, output)
-    if tables:
-        click.echo(tables)
-    for path in written:
-        click.echo(f"wrote {path}")

@@ -81,7 +81,7 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
 
     from pathbench.models import build_model, model_config
     from pathbench.models.pack import NotPackable, pack_models
-    from pathbench.runners.train import Member, train
+    from pathbench.runners.train import Member, activation_dtype, train
     from pathbench.tasks import make_task
 
     if len({(cell_key(config), config["device"]) for config in configs}) != 1:
@@ -108,6 +108,7 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
         "device": shared["device"],
         "device_name": device_name(device),
         "task_version": shared["task"]["version"],
+        "attention_backend": None,  # what computed the attention: "torch" or "triton"
         "dataset_hash": None,
     }
     records = []
@@ -132,6 +133,9 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
         for config in configs:
             torch.manual_seed(config["seed"])
             models.append(build_model(model_config(config["model"])))
+        backend = models[0].attention_backend(device, activation_dtype(device))
+        for record in records:
+            record["provenance"]["attention_backend"] = backend
         try:
             packs = [(pack_models(models), list(range(len(configs))))]
         except NotPackable:

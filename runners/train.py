@@ -110,9 +110,14 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def activation_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of activations in training: bfloat16 autocast on CUDA, float32 elsewhere."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 def _autocast(device: torch.device):
     # The autocast weight cache must be off while a CUDA graph is captured.
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda",
+    return torch.autocast("cuda", dtype=activation_dtype(device), enabled=device.type == "cuda",
                           cache_enabled=False)
 
 

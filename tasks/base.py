@@ -26,7 +26,6 @@ from pathbench import UserError
 from pathbench.registry import Registry
 from pathbench.settings import coerce
 
-TASKS = Registry("task", "pathbench.tasks")
 
 IGNORE_INDEX = -100  # target value of a position that is not scored (torch's cross-entropy default)
 
@@ -132,17 +131,15 @@ class Task:
         return {"accuracy": float(accuracy)}
 
 
+TASKS = Registry("task", "pathbench.tasks", Task)
+
+
 def make_task(name: str, overrides: dict[str, Any] | None = None) -> Task:
     """The registered task ``name`` with its default configuration updated by ``overrides``.
 
     Override values may be strings from the command line; they are converted to the key's type.
     """
-    task_class = TASKS.get(name)
-    if not (isinstance(task_class, type) and issubclass(task_class, Task)):
-        raise UserError(
-            f"task {name!r} from {TASKS.origin(name)!r} is not a pathbench.tasks.Task subclass"
-        )
-    return task_class(overrides)
+    return TASKS.get(name)(overrides)
 
 
 def default_config(config_class: type) -> dict[str, Any]:

@@ -20,12 +20,14 @@ import pathbench.kernels
 from pathbench.kernels import (
     RecurrentCache,
     apply_rope,
-    attention_probs,
     path_attention,
     path_attention_blockwise,
     path_attention_reference,
+    path_probs,
     sba_attention,
+    sba_probs,
     softmax_attention,
+    softmax_probs,
 )
 
 F64 = torch.float64
@@ -334,7 +336,7 @@ def test_nope_and_rope_match_brute_force():
     rope_logits = brute_rope_logits(q, k)
     torch.testing.assert_close(softmax_attention(q, k, v, rope=True),
                                brute_softmax_output(rope_logits, v), rtol=0, atol=1e-12)
-    torch.testing.assert_close(attention_probs("rope", q, k), torch.softmax(rope_logits, -1),
+    torch.testing.assert_close(softmax_probs(q, k, rope=True), torch.softmax(rope_logits, -1),
                                rtol=0, atol=1e-12)
 
 
@@ -348,7 +350,7 @@ def test_sba_matches_product_definition(offset):
     weights = brute_sba_weights(q, k)
     expected = (weights @ v.transpose(1, 2)).transpose(1, 2)
     torch.testing.assert_close(sba_attention(q, k, v), expected, rtol=0, atol=1e-12)
-    torch.testing.assert_close(attention_probs("sba", q, k), weights, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sba_probs(q, k), weights, rtol=0, atol=1e-12)
     torch.testing.assert_close(recurrent_attention(q, k, v, stick_breaking=True), expected,
                                rtol=0, atol=1e-12)
 
@@ -406,17 +408,14 @@ def test_sba_and_rope_gradcheck():
 
 def test_attention_probs_of_every_variant():
     q, k, _, w, beta, log_fgate = make_inputs(T=20, D=16)
-    expected = {
-        "nope": brute_path_logits(q, k),
-        "fox": brute_path_logits(q, k, log_fgate=log_fgate),
-        "path": brute_path_logits(q, k, w, beta),
-        "path_fox": brute_path_logits(q, k, w, beta, log_fgate),
-    }
-    for variant, logits in expected.items():
-        probs = attention_probs(variant, q, k, w, beta, log_fgate)
+    expected = [
+        (softmax_probs(q, k), brute_path_logits(q, k)),
+        (path_probs(q, k, log_fgate=log_fgate), brute_path_logits(q, k, log_fgate=log_fgate)),
+        (path_probs(q, k, w, beta), brute_path_logits(q, k, w, beta)),
+        (path_probs(q, k, w, beta, log_fgate), brute_path_logits(q, k, w, beta, log_fgate)),
+    ]
+    for probs, logits in expected:
         torch.testing.assert_close(probs, torch.softmax(logits, -1), rtol=0, atol=1e-12)
-    with pytest.raises(ValueError, match="valid choices: nope, rope, sba, fox, path, path_fox"):
-        attention_probs("alibi", q, k)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -159,6 +159,10 @@ def test_config_defaults_and_string_values():
         ({"vocab_size": 5, "attention": "rope", "d_model": 30}, "rope needs an even head"),
         ({"vocab_size": 5, "beta_max": 2.5}, "'beta_max' must be in \\(0, 2\\]"),
         ({"vocab_size": 5, "beta_max": 0}, "'beta_max' must be in \\(0, 2\\]"),
+        ({"vocab_size": 5, "backend": "cuda"}, "'backend' 'cuda' is not available for attention "
+                                               "'path'; valid choices: auto, torch, triton"),
+        ({"vocab_size": 5, "attention": "rope", "backend": "triton"},
+         "not available for attention 'rope'; valid choices: auto, torch$"),
     ],
 )
 def test_config_errors_name_the_problem(values, message):
@@ -174,3 +178,43 @@ def test_describe_models():
         assert row["parameters"] == count_parameters(make_model(row["name"], layers=2))
     with pytest.raises(UserError, match="divisible"):
         describe_models(layers=1, heads=3, d_model=64, vocab_size=VOCAB)
+
+
+def test_backend_setting_reaches_the_kernel(monkeypatch):
+    """model.backend is what the PaTH-family layers hand to path_attention, and what they report
+    as their implementation (on the CPU, auto is the torch path)."""
+    import pathbench.models.attention as attention_module
+
+    seen = []
+    real = attention_module.path_attention
+
+    def spy(*args, backend):
+        seen.append(backend)
+        return real(*args, backend="torch")
+
+    monkeypatch.setattr(attention_module, "path_attention", spy)
+    for backend in ("auto", "torch", "triton"):
+        model = make_model("path_fox", layers=2, backend=backend)
+        model(torch.randint(0, VOCAB, (1, 5)))
+        assert seen[-2:] == [backend, backend]
+    q = torch.zeros(1, 1, 2, 32, dtype=torch.float64)
+    assert make_model("path", backend="auto").blocks[0].attn.implementation(q) == "torch"
+    assert make_model("path", backend="triton").blocks[0].attn.implementation(q) == "triton"
+    assert make_model("rope").attention_backend(torch.device("cpu"), torch.float32) == "torch"
+
+
+def test_registries_take_only_their_base_class():
+    from pathbench.registry import Entry
+
+    with pytest.raises(TypeError, match="is not a pathbench.models.Attention subclass"):
+        ATTENTIONS.register("not_an_attention")(object)
+    # A plugin entry that names something else is a one-line error naming its package.
+    entries = ATTENTIONS.entries()
+    ATTENTIONS._plugins["impostor"] = Entry("impostor", "impostor-pkg", lambda: torch.nn.Linear)
+    try:
+        with pytest.raises(UserError, match="attention 'impostor' from plugin package "
+                                            "'impostor-pkg' is not a pathbench.models.Attention"):
+            model_config({"vocab_size": 5, "attention": "impostor"})
+    finally:
+        del ATTENTIONS._plugins["impostor"]
+    assert ATTENTIONS.entries() == entries

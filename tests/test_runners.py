@@ -20,15 +20,10 @@ from pathbench.runners.config import (
     train_config,
 )
 from pathbench.runners.report import aggregate, load_frame, min_layers_table, solved_cells
-from pathbench.runners.sweep import (
-    Grid,
-    _Schedule,
-    find_sweep_file,
-    in_run_order,
-    load_sweep_file,
-    run_grids,
-    run_slurm,
-)
+from pathbench.runners.executors import run_slurm
+from pathbench.runners.grid import Grid, find_sweep_file, load_sweep_file
+from pathbench.runners.schedule import Schedule, in_run_order
+from pathbench.runners.sweep import run_grids
 
 
 # --- options and configuration ---------------------------------------------------------------
@@ -196,7 +191,7 @@ def test_runs_start_longest_first_then_seed_by_seed():
 
 
 def test_packs_hold_runs_that_differ_only_in_seed_and_learning_rate():
-    from pathbench.runners.sweep import in_packs
+    from pathbench.runners.schedule import in_packs
 
     grid = Grid(task="flipflop", models=["rope", "path"], lrs=[1e-3, 3e-3], seeds=[0, 1, 2],
                 d_model=16)
@@ -220,7 +215,7 @@ def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path, capsys):
     configs = grid.configs("cpu")
     assert _dry_run(grid, tmp_path / "none yet", capsys) == {"todo": 24}  # nothing decided yet
     dropped = []
-    schedule = _Schedule([(grid, configs)], tmp_path, dropped.extend)
+    schedule = Schedule([(grid, configs)], tmp_path, dropped.extend)
     seen_layers = []
     while (pack := schedule.next_pack()) is not None:
         layers = pack[0]["model"]["layers"]
@@ -255,7 +250,7 @@ def test_a_model_goes_deeper_without_waiting_for_others_and_gating_packs_go_firs
     chains = Grid(task="a5", models=["path", "rope"], layers=[1, 2], seeds=[0, 1], pack=2,
                   sets=["task.length=8"], until_solved=True)
     plain = Grid(task="flipflop", models=["nope"], layers=[4], seeds=[0], d_model=16)
-    schedule = _Schedule([(plain, plain.configs("cpu")), (chains, chains.configs("cpu"))],
+    schedule = Schedule([(plain, plain.configs("cpu")), (chains, chains.configs("cpu"))],
                          tmp_path, lambda configs: None)
     first, second, third = (schedule.next_pack() for _ in range(3))
     # the one-layer packs gate the two-layer ones, so they go before the (longer) plain run
@@ -280,7 +275,7 @@ def test_a_solved_model_still_trains_deeper_runs_another_grid_needs(tmp_path, ca
     store.write_json_atomic(tmp_path / run_id(solved_first) / "result.json",
                             _fake_record(solved_first, 0.95))
     dropped = []
-    schedule = _Schedule([(chain, chain.configs("cpu")), (plain, plain.configs("cpu"))],
+    schedule = Schedule([(chain, chain.configs("cpu")), (plain, plain.configs("cpu"))],
                          tmp_path, dropped.extend)
     assert [run_id(c) for c in schedule.next_pack()] == [run_id(plain.configs("cpu")[0])]
     assert dropped == []
@@ -337,7 +332,7 @@ def test_runs_shared_by_two_grids_train_once_and_release_both(tmp_path):
     deep = Grid(task="a5", models=["rope"], layers=[1, 2], seeds=[0, 1], sets=["task.length=8"],
                 until_solved=True)
     shallow = Grid(task="a5", models=["rope"], layers=[1], seeds=[0, 1], sets=["task.length=8"])
-    schedule = _Schedule([(deep, deep.configs("cpu")), (shallow, shallow.configs("cpu"))],
+    schedule = Schedule([(deep, deep.configs("cpu")), (shallow, shallow.configs("cpu"))],
                          tmp_path, lambda configs: None)
     handed = []
     while (pack := schedule.next_pack()) is not None:
@@ -450,24 +445,24 @@ class _Connection:
 
 
 def _failing_runs(configs, out, progress):
-    """execute_runs for a GPU that fails every run (the sweep module's run_id, which tests may
-    replace)."""
-    from pathbench.runners import sweep
+    """execute_runs for a GPU that fails every run (the executors module's run_id, which tests
+    may replace)."""
+    from pathbench.runners import executors
 
-    return [{"run_id": sweep.run_id(config), "status": "failed", "reason": "AcceleratorError: CUDA error"}
+    return [{"run_id": executors.run_id(config), "status": "failed", "reason": "AcceleratorError: CUDA error"}
             for config in configs]
 
 
 @pytest.mark.parametrize("cuda_lost", [False, True])
 def test_worker_leaves_when_a_failed_pack_took_the_gpu_with_it(monkeypatch, tmp_path, cuda_lost):
-    from pathbench.runners import sweep
+    from pathbench.runners import executors
 
-    monkeypatch.setattr(sweep, "execute_runs", _failing_runs)
-    monkeypatch.setattr(sweep, "_cuda_lost", lambda: cuda_lost)
-    monkeypatch.setattr(sweep, "run_id", lambda config: config["name"])
+    monkeypatch.setattr(executors, "execute_runs", _failing_runs)
+    monkeypatch.setattr(executors, "_cuda_lost", lambda: cuda_lost)
+    monkeypatch.setattr(executors, "run_id", lambda config: config["name"])
     connection = _Connection([([{"name": "a"}], str(tmp_path)), ([{"name": "b"}], str(tmp_path)),
                               None])
-    sweep._serve(connection, threads=1)
+    executors._serve(connection, threads=1)
     # The worker says whether its GPU is lost along with the pack's outcomes; then it takes no
     # second pack (the pool starts a fresh one in its place), or goes on.
     summary = {"run_id": "a", "status": "failed", "reason": "AcceleratorError: CUDA error"}
@@ -478,17 +473,17 @@ def test_worker_leaves_when_a_failed_pack_took_the_gpu_with_it(monkeypatch, tmp_
 def test_pool_replaces_a_worker_that_lost_its_gpu_and_loses_no_pack(monkeypatch, tmp_path):
     import multiprocessing
 
-    from pathbench.runners import sweep
+    from pathbench.runners import executors
 
     # Forked workers inherit these stand-ins: every pack fails and takes the GPU with it.
-    monkeypatch.setattr(sweep, "execute_runs", _failing_runs)
-    monkeypatch.setattr(sweep, "_cuda_lost", lambda: True)
+    monkeypatch.setattr(executors, "execute_runs", _failing_runs)
+    monkeypatch.setattr(executors, "_cuda_lost", lambda: True)
     fork = multiprocessing.get_context("fork")
-    monkeypatch.setattr(sweep.multiprocessing, "get_context", lambda method: fork)
-    monkeypatch.setattr(sweep, "run_id", lambda config: config["name"])
+    monkeypatch.setattr(executors.multiprocessing, "get_context", lambda method: fork)
+    monkeypatch.setattr(executors, "run_id", lambda config: config["name"])
     packs = [[{"name": f"p{i}"}] for i in range(4)]
     reported = []
-    pool = sweep.LocalPool(1)
+    pool = executors.LocalPool(1)
     try:
         pool.run(lambda: packs.pop(0) if packs else None, tmp_path,
                  lambda name, summary: reported.append((name, summary and summary["status"])))
@@ -498,10 +493,10 @@ def test_pool_replaces_a_worker_that_lost_its_gpu_and_loses_no_pack(monkeypatch,
 
 
 def test_sweep_in_one_process_stops_when_a_failed_pack_took_the_gpu(monkeypatch, tmp_path):
-    from pathbench.runners import sweep
+    from pathbench.runners import executors, sweep
 
-    monkeypatch.setattr(sweep, "execute_runs", _failing_runs)
-    monkeypatch.setattr(sweep, "_cuda_lost", lambda: True)
+    monkeypatch.setattr(executors, "execute_runs", _failing_runs)
+    monkeypatch.setattr(executors, "_cuda_lost", lambda: True)
     grid = Grid(task="flipflop", models=["rope", "path"], seeds=[0, 1], d_model=16)
     counts = run_grids([grid], out=tmp_path, device="cpu", workers=1, executor="local",
                        slurm_params={})

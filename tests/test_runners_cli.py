@@ -70,6 +70,7 @@ def test_run_trains_evaluates_and_records(tmp_path, capsys):
                 "device_name", "task_version", "dataset_hash", "seed", "wall_time_s"):
         assert key in provenance
     assert len(provenance["dataset_hash"]) == 64 and provenance["wall_time_s"] > 0
+    assert provenance["attention_backend"] == "torch" and result["config"]["model"]["backend"] == "auto"
     curve = [json.loads(line) for line in (run_dir / "curve.jsonl").read_text().splitlines()]
     assert [point["step"] for point in curve] == [2, 4]
     # The summary table: one row per evaluation split.
@@ -310,9 +311,9 @@ def test_sigkilled_worker_and_sigkilled_sweep_lose_nothing(tmp_path):
 
 def test_slurm_executor_through_submitit_local(tmp_path, capsys, monkeypatch):
     pytest.importorskip("submitit")
-    from pathbench.runners import sweep
+    from pathbench.runners import executors
 
-    monkeypatch.setattr(sweep, "SUBMITIT_CLUSTER", "local")
+    monkeypatch.setattr(executors, "SUBMITIT_CLUSTER", "local")
     out = tmp_path / "runs"
     code, stdout, stderr = cli(capsys, "sweep", "flipflop", "--models", "path,rope", *TINY,
                                "--executor", "slurm", "--workers", "2", "--device", "cpu",
@@ -321,3 +322,11 @@ def test_slurm_executor_through_submitit_local(tmp_path, capsys, monkeypatch):
     assert "2 ok" in stdout
     assert {r["status"] for r in results_of(out).values()} == {"ok"}
     assert (out / ".submitit").is_dir()
+
+
+def test_triton_backend_on_the_cpu_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    code, _, stderr = cli(capsys, "run", "flipflop", "--set", "model.backend=triton", *TINY,
+                          "--device", "cpu", "--out", tmp_path)
+    assert code == 2 and "model.backend 'triton' needs --device cuda" in stderr
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,197 @@
+"""A grid of runs over one task, and the sweep files that define grids.
+
+The grid is the product of models x layers x heads x learning rates x seeds (x any ``--grid``
+key). Every grid point is resolved up front, so a typo fails before anything runs.
+
+A sweep file (TOML; the shipped ones are in runners/sweeps/) holds ``[[sweep]]`` tables, one
+grid each, whose keys are the `Grid` fields (``set`` for ``--set`` items), and may set ``out``,
+``workers``, ``device`` and ``executor`` for the whole file and ``include`` other files.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from pathbench import UserError
+from pathbench.runners.config import (
+    PRESETS,
+    SECTIONS,
+    parse_float_list,
+    parse_int_list,
+    parse_sets,
+    resolve_run,
+    run_id,
+)
+
+SWEEPS_DIR = Path(__file__).parent / "sweeps"
+
+
+@dataclass
+class Grid:
+    """One grid of runs over a single task; None means the task's default."""
+
+    task: str
+    models: list[str] | None = None
+    layers: list[int] | None = None
+    heads: list[int] | None = None
+    lrs: list[float] | None = None
+    seeds: list[int] = field(default_factory=lambda: [0])
+    d_model: int | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    preset: str | None = None
+    sets: list[str] = field(default_factory=list)
+    grid: dict[str, list[str]] = field(default_factory=dict)  # "task.n_back" -> ["1", "2"]
+    until_solved: bool = False
+    pack: int = 1  # runs trained as one model (those differing only in seed and lr)
+
+    def configs(self, device: str) -> list[dict]:
+        """Every grid point, resolved; duplicates (same run id) appear once."""
+        if self.until_solved:
+            from pathbench.tasks import make_task
+
+            if make_task(self.task).solved_threshold is None:
+                raise UserError(f"until_solved needs a task with a solved threshold; "
+                                f"{self.task!r} has none")
+        axes = [self.models or [None], self.layers or [None], self.heads or [None],
+                self.lrs or [None], self.seeds]
+        extra_keys = list(self.grid)
+        configs = {}
+        for model, layers, heads, lr, seed, *extra in itertools.product(
+            *axes, *(self.grid[key] for key in extra_keys)
+        ):
+            sets = parse_sets([*self.sets, *(f"{k}={v}" for k, v in zip(extra_keys, extra))])
+            config = resolve_run(
+                self.task,
+                options={"model": model, "layers": layers, "heads": heads, "lr": lr,
+                         "d_model": self.d_model, "steps": self.steps,
+                         "batch_size": self.batch_size},
+                sets=sets, seed=seed, device=device, preset=self.preset,
+            )
+            configs.setdefault(run_id(config), config)
+        return list(configs.values())
+
+
+def parse_grid_options(items) -> dict[str, list[str]]:
+    """``["task.n_back=1,2,3"]`` -> ``{"task.n_back": ["1", "2", "3"]}``."""
+    grid = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not _is_setting_key(key.strip()) or not values.strip():
+            raise UserError(f"--grid expects SECTION.KEY=V1,V2,... with SECTION one of "
+                            f"{', '.join(SECTIONS)}, got {item!r}")
+        grid[key.strip()] = [value.strip() for value in values.split(",")]
+    return grid
+
+
+def _is_setting_key(key: str) -> bool:
+    section, dot, name = key.partition(".")
+    return bool(dot and name) and section in SECTIONS
+
+
+FILE_KEYS = {"include", "sweep", "out", "workers", "device", "executor"}
+TABLE_KEYS = {f.name for f in fields(Grid)} - {"sets"} | {"set"}
+
+
+def find_sweep_file(name: str) -> Path:
+    """A path, or the name of a file shipped in runners/sweeps/ (``paper``, ``flipflop.toml``)."""
+    for candidate in (Path(name), SWEEPS_DIR / name, SWEEPS_DIR / f"{name}.toml"):
+        if candidate.is_file():
+            return candidate
+    shipped = ", ".join(sorted(path.stem for path in SWEEPS_DIR.glob("*.toml")))
+    raise UserError(f"sweep file {name!r} not found; shipped sweep files: {shipped}")
+
+
+def load_sweep_file(path: Path, seen: tuple = ()) -> tuple[dict, list[Grid]]:
+    """(top-level settings, grids) of a sweep file and the files it includes."""
+    import tomllib
+
+    path = Path(path).resolve()
+    if path in seen:
+        raise UserError(f"sweep file {path} includes itself")
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise UserError(f"cannot read sweep file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"sweep file {path} is not valid TOML: {exc}") from None
+    unknown = set(data) - FILE_KEYS
+    if unknown:
+        raise UserError(f"sweep file {path}: unknown key {sorted(unknown)[0]!r}; valid keys: "
+                        f"{', '.join(sorted(FILE_KEYS))}")
+    settings = {key: data[key] for key in ("out", "workers", "device", "executor") if key in data}
+    grids = []
+    for included in data.get("include", []):
+        included_settings, included_grids = load_sweep_file(path.parent / included,
+                                                            (*seen, path))
+        settings = {**included_settings, **settings}
+        grids += included_grids
+    for number, table in enumerate(data.get("sweep", []), start=1):
+        grids.append(_grid_from_table(table, f"sweep file {path}, [[sweep]] #{number}"))
+    if not grids:
+        raise UserError(f"sweep file {path} defines no [[sweep]] table")
+    return settings, grids
+
+
+def _grid_from_table(table: dict, where: str) -> Grid:
+    unknown = set(table) - TABLE_KEYS
+    if unknown:
+        raise UserError(f"{where}: unknown key {sorted(unknown)[0]!r}; valid keys: "
+                        f"{', '.join(sorted(TABLE_KEYS))}")
+    if "task" not in table:
+        raise UserError(f"{where}: 'task' is required")
+
+    def listed(key):  # a TOML list or the command line's comma-separated text
+        value = table.get(key)
+        return None if value is None else ",".join(map(str, value)) if isinstance(
+            value, list) else str(value)
+
+    sets, grid_table = table.get("set", []), table.get("grid", {})
+    if not (isinstance(sets, list) and all(isinstance(item, str) for item in sets)):
+        raise UserError(f'{where}: set must be a list like ["task.length=64"], got {sets!r}')
+    if not isinstance(grid_table, dict):
+        raise UserError(f'{where}: grid must be a table like {{"task.n_back" = [1, 2]}}, '
+                        f"got {grid_table!r}")
+    grid = Grid(task=table["task"])
+    return apply_values(grid, f"{where}: ", models=listed("models"), layers=listed("layers"),
+                  heads=listed("heads"), lrs=listed("lrs"), seeds=listed("seeds"),
+                  d_model=table.get("d_model"), steps=table.get("steps"),
+                  batch_size=table.get("batch_size"), preset=table.get("preset"),
+                  sets=sets,
+                  grid={key: [str(v) for v in (values if isinstance(values, list) else [values])]
+                        for key, values in grid_table.items()},
+                  until_solved=table.get("until_solved"), pack=table.get("pack"))
+
+
+def apply_values(target: Grid, prefix: str, **values) -> Grid:
+    """Set the given (not None) values on a grid, parsing the comma-separated list options.
+    ``prefix`` + key names a value in messages: "--layers" or "sweep file F: layers"."""
+    parsers = {
+        "models": lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        "layers": lambda text: parse_int_list(text, f"{prefix}layers"),
+        "heads": lambda text: parse_int_list(text, f"{prefix}heads"),
+        "seeds": lambda text: parse_int_list(text, f"{prefix}seeds"),
+        "lrs": lambda text: parse_float_list(text, f"{prefix}lrs"),
+    }
+    for key, value in values.items():
+        if value is None:
+            continue
+        if key in parsers:
+            value = parsers[key](value)
+        elif key in ("d_model", "steps", "batch_size", "pack") and (
+                isinstance(value, bool) or not isinstance(value, int)):
+            raise UserError(f"{prefix}{key} must be an integer, got {value!r}")
+        elif key == "pack" and value < 1:
+            raise UserError(f"{prefix}pack must be >= 1, got {value}")
+        elif key == "preset" and value not in PRESETS:
+            raise UserError(f"{prefix}preset: unknown preset {value!r}; valid choices: "
+                            f"{', '.join(PRESETS)}")
+        elif key == "until_solved" and not isinstance(value, bool):
+            raise UserError(f"{prefix}until_solved must be true or false, got {value!r}")
+        elif key == "grid" and not all(_is_setting_key(name) for name in value):
+            raise UserError(f"{prefix}grid keys must be SECTION.KEY with SECTION one of "
+                            f"{', '.join(SECTIONS)}, got {', '.join(value)}")
+        setattr(target, key, value)
+    return target

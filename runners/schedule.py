@@ -1,0 +1,143 @@
+"""The order in which a sweep's runs train, and which runs it may skip.
+
+Runs go out in packs (runs that differ only in seed and learning rate, trained as one model,
+``pathbench.models.pack``). ``--until-solved`` runs layer counts in ascending order and skips a
+model's deeper layer counts once it has solved the task (mean over seeds at the best learning
+rate >= the task's solved threshold), which is what a min-layers-to-solve table needs and no
+more.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from pathbench.runners import store
+from pathbench.runners.config import cell_key, run_id
+from pathbench.runners.grid import Grid
+
+
+class Schedule:
+    """The runs a sweep has still to train, handed out as packs once they may start.
+
+    A grid is a chain of steps: a plain grid is one step, all its runs; an --until-solved grid
+    is a chain per model (per depth-free cell), one step per layer count, and a step starts
+    once every run of the step before it has ended and the model has not solved the task
+    there; once it has, the chain's deeper runs are dropped (unless another grid needs them).
+    Chains wait for nothing else: not for other models, nor other grids, so that workers freed
+    by one finish the work of another. An --until-solved grid's packs go first, those with the
+    most layer counts still ahead first, because their chains are the longest paths through the
+    sweep; then the rest, longest runs first.
+    """
+
+    def __init__(self, planned: list[tuple[Grid, list[dict]]], out: Path, drop):
+        self.out = out
+        self.drop = drop  # called with the runs (not yet done) that a solved model never needs
+        self.ready: list[tuple[tuple, list[dict]]] = []  # (priority, pack)
+        # run id -> the chains waiting for it, for each run handed out and not ended (two
+        # grids of one sweep may share runs; each is trained once)
+        self.waiting: dict[str, list[_Chain]] = {}
+        self.handed_out: set[str] = set()  # every run id ever queued
+        # plain grids first: a run one of them needs is never dropped by a chain
+        for grid, configs in sorted(planned, key=lambda item: item[0].until_solved):
+            if not grid.until_solved:
+                self._advance(_Chain(grid, [configs]))
+                continue
+            cells: dict[str, dict[int, list[dict]]] = {}
+            for config in configs:
+                depths = cells.setdefault(cell_key(config, with_layers=False), {})
+                depths.setdefault(config["model"]["layers"], []).append(config)
+            for depths in cells.values():
+                self._advance(_Chain(grid, [depths[layers] for layers in sorted(depths)]))
+
+    def next_pack(self) -> list[dict] | None:
+        """The pack to train next, or None while none may start."""
+        if not self.ready:
+            return None
+        self.ready.sort(key=lambda item: item[0])  # stable: equals keep the order handed out
+        return self.ready.pop(0)[1]
+
+    def ended(self, name: str) -> None:
+        """A run handed out has ended, with a record or without (its worker died)."""
+        for chain in self.waiting.pop(name, []):
+            chain.running.discard(name)
+            if not chain.running:
+                self._advance(chain)
+
+    def _advance(self, chain: _Chain) -> None:
+        """Hand out the chain's next step that has runs to do, or drop the rest if solved."""
+        while chain.steps:
+            if chain.last is not None and chain.grid.until_solved and self._solved(chain.last):
+                self.drop([config for step in chain.steps for config in step
+                           if run_id(config) not in self.handed_out
+                           and not is_done(self.out / run_id(config))])
+                chain.steps = []
+                return
+            chain.last = step = chain.steps.pop(0)
+            todo = [config for config in step if not is_done(self.out / run_id(config))]
+            new = [config for config in todo if run_id(config) not in self.waiting]
+            self.handed_out.update(run_id(config) for config in new)
+            steps_ahead = len(chain.steps) + 1 if chain.grid.until_solved else 0
+            for pack in in_packs(in_run_order(new), chain.grid.pack):
+                self.ready.append(((-steps_ahead, *_run_order(pack[0])), pack))
+            chain.running = {run_id(config) for config in todo}
+            for name in chain.running:
+                self.waiting.setdefault(name, []).append(chain)
+            if chain.running:
+                return
+
+    def _solved(self, step: list[dict]) -> bool:
+        from pathbench.runners.report import load_frame, solved_cells
+
+        recorded = {run_id(config) for config in step if is_done(self.out / run_id(config))}
+        if not recorded:  # a dry run before any record, or every worker died
+            return False
+        return cell_key(step[0], with_layers=False) in solved_cells(load_frame(self.out, recorded))
+
+
+@dataclass
+class _Chain:
+    grid: Grid
+    steps: list[list[dict]]  # the steps not yet handed out, in order
+    last: list[dict] | None = None  # the step handed out (or found done) last
+    running: set[str] = field(default_factory=set)  # its runs that have not ended
+
+
+def in_run_order(configs: list[dict]) -> list[dict]:
+    """Longest runs first, so that the last ones to finish are short; among equals, seed 0 of
+    every configuration before any seed 1, so that a sweep cut short has every cell."""
+    return sorted(configs, key=_run_order)
+
+
+def _run_order(config: dict) -> tuple:
+    return -run_cost(config), config["seed"]
+
+
+def in_packs(configs: list[dict], size: int) -> list[list[dict]]:
+    """Runs that differ only in seed and learning rate, grouped in packs of up to ``size``, in
+    the order of each pack's first run."""
+    groups: dict[str, list[dict]] = {}
+    for config in configs:
+        groups.setdefault(cell_key(config), []).append(config)
+    return [group[start : start + size] for group in groups.values()
+            for start in range(0, len(group), size)]
+
+
+def run_cost(config: dict) -> int:
+    """A rough measure of a run's work: tokens trained times layers times width."""
+    train, model = config["train"], config["model"]
+    length = config["task"]["config"].get("length", 1)
+    return train["steps"] * train["batch_size"] * length * model["layers"] * model["d_model"]
+
+
+def is_done(run_dir: Path) -> bool:
+    """store.is_done, with a corrupt record set aside (and the run redone)."""
+    try:
+        return store.is_done(run_dir)
+    except store.CorruptRecord as exc:
+        aside = store.set_aside_corrupt(run_dir)
+        tqdm.write(f"{exc}\n  moved to {aside}; that run is redone", file=sys.stderr)
+        return False
