@@ -38,6 +38,7 @@ from pathbench.settings import coerce
 SECTIONS = ("task", "model", "train")
 PRESETS = ("paper", "cpu")
 DEVICES = ("auto", "cpu", "cuda")
+SCHEDULES = ("cosine", "constant")  # the learning rate after the warm-up
 
 
 @dataclass
@@ -47,7 +48,8 @@ class TrainConfig:
     steps: int = 2000  # optimizer steps; early stopping may end the run sooner
     batch_size: int = 32  # sequences per step, freshly generated every step
     lr: float = 1e-3  # peak learning rate of AdamW
-    warmup: int = 100  # linear warm-up steps (at most a tenth of `steps`), then cosine to 0
+    warmup: int = 100  # linear warm-up steps (at most a tenth of `steps`)
+    schedule: str = "cosine"  # after the warm-up: "cosine" decay to 0, or "constant"
     weight_decay: float = 0.1  # AdamW decoupled weight decay (matrices only)
     grad_clip: float = 1.0  # maximum global gradient norm
     eval_every: int = 200  # steps between validation checks (early stopping, curve points)
@@ -62,6 +64,7 @@ def _check_train(config: TrainConfig) -> None:
         ("batch_size", c.batch_size >= 1, ">= 1"),
         ("lr", c.lr > 0 and math.isfinite(c.lr), "a positive number"),
         ("warmup", c.warmup >= 0, ">= 0"),
+        ("schedule", c.schedule in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
         ("weight_decay", c.weight_decay >= 0, ">= 0"),
         ("grad_clip", c.grad_clip > 0, "> 0"),
         ("eval_every", c.eval_every >= 1, ">= 1"),

@@ -100,12 +100,15 @@ def dataset_hash(datasets: dict) -> str:
     return digest.hexdigest()
 
 
-def lr_factor(step: int, total: int, warmup: int) -> float:
-    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based). The warm-up
-    is capped at a tenth of the run, so that a shortened run keeps the same shape."""
+def lr_factor(step: int, total: int, warmup: int, schedule: str = "cosine") -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based): a linear
+    warm-up, then cosine decay to zero ("cosine") or the peak until the end ("constant"). The
+    warm-up is capped at a tenth of the run, so that a shortened run keeps the same shape."""
     warmup_steps = min(warmup, total // 10)
     if step < warmup_steps:
         return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
     progress = (step - warmup_steps) / max(1, total - warmup_steps)
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
@@ -321,7 +324,7 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
                for member in members]
     step = 0
     for step in range(1, config.steps + 1):
-        factor = lr_factor(step - 1, config.steps, config.warmup)
+        factor = lr_factor(step - 1, config.steps, config.warmup, config.schedule)
         optimizer.set_lr_factor(factor)
         batches = [next(stream) for stream in streams]
         unread_losses.append(step_fn(torch.cat([inputs for inputs, _ in batches]),

@@ -94,6 +94,8 @@ def test_strict_configuration_errors():
     with pytest.raises(UserError, match="train.early_stop must be in"):
         train_config({"early_stop": "1.5"})
     assert train_config({"early_stop": "none"}).early_stop is None
+    with pytest.raises(UserError, match="train.schedule must be one of cosine, constant, got 'linear'"):
+        train_config({"schedule": "linear"})
     with pytest.raises(UserError, match="vocab_size is set by the task"):
         resolve_run("flipflop", device="cpu", sets=parse_sets(["model.vocab_size=9"]))
     with pytest.raises(UserError, match="unknown preset"):
@@ -377,6 +379,8 @@ def test_learning_rate_warms_up_then_decays_to_zero():
     assert factors[-1] < 1e-4
     # A short run keeps the shape: the warm-up is capped at a tenth of the steps.
     assert lr_factor(9, total=100, warmup=500) == 1.0
+    constant = [lr_factor(step, total=1000, warmup=100, schedule="constant") for step in range(1000)]
+    assert constant[:100] == factors[:100] and set(constant[100:]) == {1.0}
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(),
