@@ -8,6 +8,8 @@ Python.
 - ``bool``: a bool, or one of the strings true/yes/1 and false/no/0.
 - ``str``: a string.
 - ``X | None``: also None, or the string none or null.
+- ``dict[str, int]``: a mapping of names to integers, or a string like ``sparse:300000,dense:4096``
+  (the empty string is the empty mapping).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ TRUE_WORDS, FALSE_WORDS, NONE_WORDS = ("true", "yes", "1"), ("false", "no", "0")
 def coerce(name: str, value: Any, annotation: Any) -> Any:
     """``value`` as ``annotation`` (see the module docstring), or a UserError
     "NAME expects TYPE, got VALUE"."""
+    if typing.get_origin(annotation) is dict:
+        return _mapping(name, value, *typing.get_args(annotation))
     allowed = [annotation]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         allowed = list(typing.get_args(annotation))
@@ -41,6 +45,17 @@ def coerce(name: str, value: Any, annotation: Any) -> Any:
             return converted
     expected = target.__name__ + (" or none" if optional else "")
     raise UserError(f"{name} expects {expected}, got {value!r}")
+
+
+def _mapping(name: str, value: Any, key_type: type, value_type: type) -> dict:
+    if isinstance(value, str):
+        pairs = [item.partition(":") for item in value.split(",") if item.strip()]
+        if not all(sep and key.strip() for key, sep, _ in pairs):
+            raise UserError(f"{name} expects NAME:VALUE pairs separated by commas, got {value!r}")
+        value = {key.strip(): item for key, _, item in pairs}
+    if not isinstance(value, dict) or not all(isinstance(key, key_type) for key in value):
+        raise UserError(f"{name} expects a mapping like name:value,name:value, got {value!r}")
+    return {key: coerce(f"{name}[{key!r}]", item, value_type) for key, item in value.items()}
 
 
 def _convert(value: Any, text: str | None, target: type) -> Any:

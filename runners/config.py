@@ -28,7 +28,7 @@ import dataclasses
 import os
 import math
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from pathbench import UserError
@@ -53,7 +53,8 @@ class TrainConfig:
     weight_decay: float = 0.1  # AdamW decoupled weight decay (matrices only)
     grad_clip: float = 1.0  # maximum global gradient norm
     eval_every: int = 200  # steps between validation checks (early stopping, curve points)
-    eval_num: int = 1024  # sequences in the validation set and in each evaluation split
+    eval_num: int = 1024  # sequences of val and of each test split, unless eval_sizes names it
+    eval_sizes: dict[str, int] = field(default_factory=dict)  # split -> sequences evaluated
     early_stop: float | None = 1.0  # stop when validation primary metric >= this; None: never
 
 
@@ -69,6 +70,7 @@ def _check_train(config: TrainConfig) -> None:
         ("grad_clip", c.grad_clip > 0, "> 0"),
         ("eval_every", c.eval_every >= 1, ">= 1"),
         ("eval_num", c.eval_num >= 1, ">= 1"),
+        ("eval_sizes", all(size >= 1 for size in c.eval_sizes.values()), "sizes >= 1"),
         ("early_stop", c.early_stop is None or 0 < c.early_stop <= 1, "in (0, 1] or none"),
     ]
     for key, ok, rule in checks:
@@ -223,6 +225,10 @@ def resolve_run(
             **sets.get("train", {}),
         }
     )
+    unknown = sorted(set(train.eval_sizes) - set(task.splits[1:]))
+    if unknown:
+        raise UserError(f"train.eval_sizes names split {unknown[0]!r}, which task {task.name!r} "
+                        f"does not evaluate; valid splits: {', '.join(task.splits[1:])}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise UserError(f"seed must be a non-negative integer, got {seed!r}")
     return {

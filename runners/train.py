@@ -278,7 +278,8 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
     config, primary, count = train_config, task.primary_metric, len(members)
     validation_set = task.generate(config.eval_num, VALIDATION_SEED, task.splits[0])
     evaluation_sets = {
-        split: task.generate(config.eval_num, EVALUATION_SEED, split) for split in task.splits[1:]
+        split: task.generate(config.eval_sizes.get(split, config.eval_num), EVALUATION_SEED, split)
+        for split in task.splits[1:]
     }
     data_hash = dataset_hash({"validation": validation_set, **evaluation_sets})
     packed = is_packed(model)

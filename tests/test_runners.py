@@ -96,6 +96,15 @@ def test_strict_configuration_errors():
     assert train_config({"early_stop": "none"}).early_stop is None
     with pytest.raises(UserError, match="train.schedule must be one of cosine, constant, got 'linear'"):
         train_config({"schedule": "linear"})
+    assert train_config({"eval_sizes": "sparse:100, dense:5"}).eval_sizes == {"sparse": 100, "dense": 5}
+    assert train_config({"eval_sizes": {"sparse": 7.0}}).eval_sizes == {"sparse": 7}
+    with pytest.raises(UserError, match="eval_sizes expects NAME:VALUE pairs"):
+        train_config({"eval_sizes": "sparse=100"})
+    with pytest.raises(UserError, match=r"train.eval_sizes\['sparse'\] expects int, got 'many'"):
+        train_config({"eval_sizes": "sparse:many"})
+    with pytest.raises(UserError, match="names split 'tset', which task 'flipflop' does not "
+                                        "evaluate; valid splits: "):
+        resolve_run("flipflop", sets={"train": {"eval_sizes": "tset:10"}})
     with pytest.raises(UserError, match="vocab_size is set by the task"):
         resolve_run("flipflop", device="cpu", sets=parse_sets(["model.vocab_size=9"]))
     with pytest.raises(UserError, match="unknown preset"):
