@@ -55,9 +55,10 @@ class Mqrar(Task):
     ``length`` tokens; the remainder is padded with ``.``. Scored: the ``Kx`` position of each
     query, whose target is Vz.
 
-    Length generalisation: with ``eval_length`` set (greater than ``length``) the task has a
-    third split, ``test_long``, of ``eval_length``-token sequences with the same statistics and
-    hence more items; it draws from its own random stream like every split.
+    Splits: ``train``, ``val`` and ``test``, all ``length`` tokens. Length generalisation: with
+    ``eval_length`` set (greater than ``length``) the task has a further test split,
+    ``test_long``, of ``eval_length``-token sequences with the same statistics and hence more
+    items; it draws from its own random stream like every split.
     """
 
     name = "mqrar"
@@ -83,7 +84,7 @@ class Mqrar(Task):
         keys, values = self.options.num_keys, self.options.num_values
         self.vocab = [f"K{k}" for k in range(keys)] + [f"V{v}" for v in range(values)] + ["?", "."]
         has_long = self.options.eval_length is not None
-        self.splits = ("train", "test", "test_long") if has_long else ("train", "test")
+        self.splits = ("train", "val", "test") + (("test_long",) if has_long else ())
 
     def sample(self, rng, num, split):
         o = self.options

@@ -66,9 +66,10 @@ class WordProblem(Task):
     drawn uniformly; the target at position t is x_0 * x_1 * ... * x_t, where p * q means
     "apply p, then q" (sympy's convention). Every position is scored.
 
-    Length generalisation: with ``eval_length`` set (greater than ``length``) the task has a
-    third split, ``test_long``, of sequences ``eval_length`` long, drawn from its own random
-    stream like every split. Training always uses ``length``.
+    Splits: ``train``, ``val`` and ``test``, all of ``length`` elements. Length generalisation:
+    with ``eval_length`` set (greater than ``length``) the task has a further test split,
+    ``test_long``, of sequences ``eval_length`` long, drawn from its own random stream like
+    every split. Training always uses ``length``.
 
     Metrics: ``accuracy`` (all positions), ``last_accuracy`` (the final product) and
     ``accuracy_by_position`` (a list). Solved means accuracy of at least 0.9, the threshold of
@@ -97,7 +98,7 @@ class WordProblem(Task):
         super().__init__(overrides)
         self.vocab, self._table = group_tables(self.name)
         has_long = self.options.eval_length is not None
-        self.splits = ("train", "test", "test_long") if has_long else ("train", "test")
+        self.splits = ("train", "val", "test") + (("test_long",) if has_long else ())
 
     def sample(self, rng, num, split):
         length = self.options.eval_length if split == "test_long" else self.options.length

@@ -57,8 +57,9 @@ def test_queries_are_answerable_and_answered(n_back):
 
 def test_paper_setting_and_long_evaluation_split():
     task = make_task("mqrar", {"eval_length": 1024})
-    assert task.splits == ("train", "test", "test_long")
-    for split, length in [("test", 768), ("test_long", 1024)]:
+    assert task.splits == ("train", "val", "test", "test_long")
+    assert task.test_splits == ("test", "test_long")
+    for split, length in [("val", 768), ("test", 768), ("test_long", 1024)]:
         dataset = task.generate(20, seed=0, split=split)
         assert dataset.inputs.shape == dataset.targets.shape == (20, length)
         for row in range(20):
