@@ -97,7 +97,7 @@ class Task:
     whose fields are declared with `option`), ``run_defaults`` ({"model": {...}, "train":
     {...}}) and, where it differs from the default, ``primary_metric`` and ``solved_threshold``.
     In ``__init__`` (after calling ``super().__init__``) it sets ``vocab`` and ``splits``. It
-    implements `sample`, and may extend `metrics`.
+    implements `sample`, and may extend `metrics` and `baselines`.
 
     Splits: ``splits[0]`` is ``"train"`` and ``splits[1]`` is ``"val"``, drawn from the training
     distribution; the rest (`test_splits`) are the test splits, which only report. A task that
@@ -191,7 +191,8 @@ class Task:
     def metrics(self, predictions: np.ndarray, targets: np.ndarray, split: str) -> dict[str, Any]:
         """Scores of argmax predictions [N, L] against targets [N, L] on the scored positions.
 
-        Returns at least {"accuracy": float in [0, 1]}; subclasses add task-specific entries.
+        Returns at least {"accuracy": float in [0, 1]}; subclasses add task-specific entries,
+        which must be small and JSON-serialisable (numbers, strings, short lists of numbers).
         """
         predictions, targets = np.asarray(predictions), np.asarray(targets)
         if predictions.shape != targets.shape:
@@ -200,6 +201,16 @@ class Task:
         correct = (predictions == targets) & scored
         accuracy = correct.sum() / scored.sum() if scored.any() else float("nan")
         return {"accuracy": float(accuracy)}
+
+    def baselines(self, dataset: Dataset, split: str) -> dict[str, float]:
+        """Accuracies of simple rules on ``dataset`` (the evaluation data of ``split``).
+
+        Each entry names a rule that needs no learning (``chance``: guessing uniformly among
+        the possible answers; or a task-specific shortcut) and its accuracy on the scored
+        positions, on the same scale as ``metrics(...)["accuracy"]``, so that a model's score
+        can be read against them. The default is no baselines.
+        """
+        return {}
 
 
 def make_task(name: str, overrides: dict[str, Any] | None = None) -> Task:

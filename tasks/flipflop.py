@@ -37,7 +37,7 @@ class FlipFlop(Task):
     the bit after ``r`` repeats the most recent ``w``'s bit. Scored: each ``r`` position, whose
     target is the bit that follows it. Metrics: accuracy and error (percent) on those positions.
     Splits: ``train``, ``val`` and ``test`` at p_ignore 0.8, ``sparse`` at 0.98, ``dense`` at
-    0.1.
+    0.1. Baseline: ``chance`` (0.5, a guessed bit).
     """
 
     name = "flipflop"
@@ -94,3 +94,6 @@ class FlipFlop(Task):
         metrics = super().metrics(predictions, targets, split)
         metrics["error"] = 100.0 * (1.0 - metrics["accuracy"])
         return metrics
+
+    def baselines(self, dataset, split):
+        return {"chance": 0.5}

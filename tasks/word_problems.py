@@ -71,9 +71,12 @@ class WordProblem(Task):
     ``test_long``, of sequences ``eval_length`` long, drawn from its own random stream like
     every split. Training always uses ``length``.
 
-    Metrics: ``accuracy`` (all positions), ``last_accuracy`` (the final product) and
-    ``accuracy_by_position`` (a list). Solved means accuracy of at least 0.9, the threshold of
-    Merrill et al. (2024) that PaTH follows.
+    Metrics: ``accuracy`` (all positions), ``last_accuracy`` (the final product),
+    ``accuracy_by_position`` (a list, one accuracy per position) and ``solved_length``, the
+    longest prefix of positions that are each at least 90% accurate (0 when the first position
+    is below). Solved means accuracy of at least 0.9, the threshold of Merrill et al. (2024)
+    that PaTH follows; a depth solves the task only at a stated length, since the depth needed
+    grows with the length of the word. Baseline: ``chance`` (1 / the order of the group).
     """
 
     version = "1"
@@ -111,10 +114,16 @@ class WordProblem(Task):
 
     def metrics(self, predictions, targets, split):
         metrics = super().metrics(predictions, targets, split)
-        correct = np.asarray(predictions) == np.asarray(targets)
-        metrics["last_accuracy"] = float(correct[:, -1].mean())
-        metrics["accuracy_by_position"] = correct.mean(axis=0).tolist()
+        correct = np.asarray(predictions) == np.asarray(targets)  # every position is scored
+        by_position = correct.mean(axis=0)
+        below = np.flatnonzero(by_position < self.solved_threshold)
+        metrics["last_accuracy"] = float(by_position[-1])
+        metrics["accuracy_by_position"] = by_position.tolist()
+        metrics["solved_length"] = int(below[0]) if below.size else len(by_position)
         return metrics
+
+    def baselines(self, dataset, split):
+        return {"chance": 1.0 / len(self.vocab)}
 
 
 @TASKS.register("a5")

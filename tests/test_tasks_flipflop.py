@@ -82,3 +82,7 @@ def test_error_is_the_percentage_of_wrong_reads():
     assert metrics["accuracy"] == pytest.approx(1 - 1 / len(scored))
     assert metrics["error"] == pytest.approx(100 / len(scored))
 
+
+def test_chance_baseline_is_a_guessed_bit():
+    task = make_task("flipflop", {"length": 16})
+    assert task.baselines(task.generate(10, seed=0, split="val"), "val") == {"chance": 0.5}

@@ -22,7 +22,7 @@ class Parity(Task):
     Vocabulary ``0``, ``1`` (inputs) and ``even``, ``odd`` (targets); every position is scored.
     Splits: ``train``, ``val`` (the same distribution, on its own random stream: pathbench's
     runs decide on it) and ``test``, which only reports. All three draw the same way, so
-    ``sample`` need not look at the split's name.
+    ``sample`` need not look at the split's name. Baseline: ``chance`` (0.5).
     """
 
     name = "parity"
@@ -44,3 +44,6 @@ class Parity(Task):
         bits = rng.integers(0, 2, size=(num, self.options.length))
         parity = np.cumsum(bits, axis=1) % 2
         return bits, parity + self.vocab.index("even")
+
+    def baselines(self, dataset, split):
+        return {"chance": 0.5}
