@@ -7,8 +7,12 @@ a validated configuration and gives every split its own random stream:
     rng = np.random.default_rng(np.random.SeedSequence([split_key(split), seed]))
 
 where ``split_key`` is the CRC-32 of the split's name. The same (configuration, split, seed)
-therefore gives identical arrays on any machine, and the train and test splits draw from
-different streams for every seed.
+therefore gives identical arrays on any machine, and no two splits share a stream for any seed.
+
+Every task has the splits ``train`` (first), ``val`` (second) and one or more test splits.
+``val`` follows the training distribution on a stream of its own; it is the split that decides
+(early stopping, the learning rate a sweep picks, whether a model solved the task), and the test
+splits only report.
 """
 
 from __future__ import annotations
@@ -60,6 +64,30 @@ def split_key(split: str) -> int:
     return zlib.crc32(split.encode())
 
 
+def _checked_splits(task_class: type, declared) -> tuple[tuple[str, ...], bool]:
+    """``declared`` as (splits, whether "val" was added), or a UserError if it breaks the order
+    "train", "val", test splits. A missing "val" is added right after "train"."""
+    owner = (f"task {getattr(task_class, 'name', task_class.__qualname__)!r} "
+             f"({task_class.__module__}.{task_class.__qualname__})")
+    if isinstance(declared, str) or not all(isinstance(split, str) for split in declared):
+        raise UserError(f"{owner}: splits must be a tuple of split names, got {declared!r}")
+    splits = tuple(declared)
+    if not splits or splits[0] != "train":
+        raise UserError(f"{owner}: splits must start with 'train', got {splits!r}")
+    if len(set(splits)) != len(splits):
+        raise UserError(f"{owner}: splits name a split twice: {splits!r}")
+    added = "val" not in splits
+    if added:
+        splits = ("train", "val", *splits[1:])
+    elif splits[1] != "val":
+        raise UserError(f"{owner}: 'val' must be the second split, right after 'train', "
+                        f"got {splits!r}")
+    if len(splits) < 3:
+        raise UserError(f"{owner}: splits need at least one test split after 'train' and "
+                        f"'val', e.g. ('train', 'val', 'test'); got {tuple(declared)!r}")
+    return splits, added
+
+
 class Task:
     """Base class of every task, built-in or plugin.
 
@@ -67,8 +95,19 @@ class Task:
     given configuration and seed changes), ``description`` (one line), ``Config`` (a dataclass
     whose fields are declared with `option`), ``run_defaults`` ({"model": {...}, "train":
     {...}}) and, where it differs from the default, ``primary_metric`` and ``solved_threshold``.
-    In ``__init__`` (after calling ``super().__init__``) it sets ``vocab`` and ``splits``
-    ("train" first). It implements `sample`, and may extend `metrics`.
+    In ``__init__`` (after calling ``super().__init__``) it sets ``vocab`` and ``splits``. It
+    implements `sample`, and may extend `metrics` and `baselines`.
+
+    Splits: ``splits[0]`` is ``"train"`` and ``splits[1]`` is ``"val"``, drawn from the training
+    distribution; the rest (`test_splits`) are the test splits, which only report. A task that
+    declares ``val`` samples it itself (flip-flop's ``val``, like its ``train``, uses p_ignore
+    0.8). A task whose ``splits`` lacks ``val`` (one written before this split existed) gets it
+    from this class: ``val`` is inserted after ``train``, and `generate` draws it by calling
+    ``sample(rng, num, "train")`` with val's own random stream, so its ``sample`` never sees an
+    unknown name. Any other departure from this order (``train`` not first, ``val`` elsewhere
+    than second, a name twice, no test split) is a `pathbench.UserError` naming the task's
+    class, raised when ``splits`` is set. ``splits`` may also be a class attribute, checked the
+    same way when the class is defined.
 
     Construct a task with `make_task`, which looks the name up in the registry; overrides are
     validated strictly (unknown keys and invalid values raise `pathbench.UserError`). The
@@ -85,7 +124,35 @@ class Task:
     solved_threshold: ClassVar[float | None] = None
 
     vocab: list[str]
-    splits: tuple[str, ...]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("splits")
+        if declared is not None and not isinstance(declared, property):
+            # A class attribute would hide the property below: check it now, keep it aside.
+            delattr(cls, "splits")
+            cls._class_splits = _checked_splits(cls, declared)
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The split names: ``"train"``, ``"val"``, then the test splits."""
+        return self._declared_splits()[0]
+
+    @splits.setter
+    def splits(self, declared) -> None:
+        self._instance_splits = _checked_splits(type(self), declared)
+
+    @property
+    def test_splits(self) -> tuple[str, ...]:
+        """The splits that only report: every split after ``train`` and ``val``."""
+        return self.splits[2:]
+
+    def _declared_splits(self) -> tuple[tuple[str, ...], bool]:
+        # (the splits, whether this class supplies "val" as the train distribution)
+        checked = self.__dict__.get("_instance_splits") or getattr(self, "_class_splits", None)
+        if checked is None:
+            raise AttributeError(f"task {self.name!r} has not set its splits")
+        return checked
 
     def __init__(self, overrides: dict[str, Any] | None = None):
         self.options = resolve_config(self.Config, overrides or {}, owner=f"task {self.name!r}")
@@ -102,25 +169,29 @@ class Task:
     def generate(self, num: int, seed: int, split: str) -> Dataset:
         """``num`` sequences of ``split``; deterministic in (configuration, split, seed).
 
-        Each split draws from its own stream, seeded by (split_key(split), seed).
+        Each split draws from its own stream, seeded by (split_key(split), seed), ``val``
+        included when this class supplies it (see the class docstring).
         """
-        if split not in self.splits:
+        splits, val_is_train = self._declared_splits()
+        if split not in splits:
             raise UserError(
-                f"task {self.name!r} has no split {split!r}; valid splits: {', '.join(self.splits)}"
+                f"task {self.name!r} has no split {split!r}; valid splits: {', '.join(splits)}"
             )
         if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num < 1:
             raise UserError(f"the number of sequences must be a positive integer, got {num!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise UserError(f"the seed must be a non-negative integer, got {seed!r}")
         rng = np.random.default_rng(np.random.SeedSequence([split_key(split), int(seed)]))
-        inputs, targets = self.sample(rng, int(num), split)
+        distribution = "train" if split == "val" and val_is_train else split
+        inputs, targets = self.sample(rng, int(num), distribution)
         inputs, targets = inputs.astype(np.int64, copy=False), targets.astype(np.int64, copy=False)
         return Dataset(inputs, targets, list(self.vocab))
 
     def metrics(self, predictions: np.ndarray, targets: np.ndarray, split: str) -> dict[str, Any]:
         """Scores of argmax predictions [N, L] against targets [N, L] on the scored positions.
 
-        Returns at least {"accuracy": float in [0, 1]}; subclasses add task-specific entries.
+        Returns at least {"accuracy": float in [0, 1]}; subclasses add task-specific entries,
+        which must be small and JSON-serialisable (numbers, strings, short lists of numbers).
         """
         predictions, targets = np.asarray(predictions), np.asarray(targets)
         if predictions.shape != targets.shape:
@@ -129,6 +200,16 @@ class Task:
         correct = (predictions == targets) & scored
         accuracy = correct.sum() / scored.sum() if scored.any() else float("nan")
         return {"accuracy": float(accuracy)}
+
+    def baselines(self, dataset: Dataset, split: str) -> dict[str, float]:
+        """Accuracies of simple rules on ``dataset`` (the evaluation data of ``split``).
+
+        Each entry names a rule that needs no learning (``chance``: guessing uniformly among
+        the possible answers; or a task-specific shortcut) and its accuracy on the scored
+        positions, on the same scale as ``metrics(...)["accuracy"]``, so that a model's score
+        can be read against them. The default is no baselines.
+        """
+        return {}
 
 
 TASKS = Registry("task", "pathbench.tasks", Task)

@@ -13,9 +13,9 @@ from pathbench.tasks.base import IGNORE_INDEX, TASKS, Task, option
 WRITE, READ, IGNORE, ZERO, ONE = range(5)  # token ids, in the order of VOCAB
 VOCAB = ["w", "r", "i", "0", "1"]
 
-# Probability of the ignore instruction in each split: FFL(0.8) for train and test, and the
-# sparse (0.98) and dense (0.1) evaluation sets of the public release of the task.
-P_IGNORE = {"train": 0.8, "test": 0.8, "sparse": 0.98, "dense": 0.1}
+# Probability of the ignore instruction in each split: FFL(0.8) for train, val and test, and
+# the sparse (0.98) and dense (0.1) evaluation sets of the public release of the task.
+P_IGNORE = {"train": 0.8, "val": 0.8, "test": 0.8, "sparse": 0.98, "dense": 0.1}
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class FlipFlop(Task):
     and ``w`` or ``r`` with (1 - p_ignore) / 2 each. The bit after ``w`` or ``i`` is uniform;
     the bit after ``r`` repeats the most recent ``w``'s bit. Scored: each ``r`` position, whose
     target is the bit that follows it. Metrics: accuracy and error (percent) on those positions.
+    Splits: ``train``, ``val`` and ``test`` at p_ignore 0.8, ``sparse`` at 0.98, ``dense`` at
+    0.1. Baseline: ``chance`` (0.5, a guessed bit).
     """
 
     name = "flipflop"
@@ -92,3 +94,6 @@ class FlipFlop(Task):
         metrics = super().metrics(predictions, targets, split)
         metrics["error"] = 100.0 * (1.0 - metrics["accuracy"])
         return metrics
+
+    def baselines(self, dataset, split):
+        return {"chance": 0.5}

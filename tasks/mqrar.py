@@ -1,4 +1,13 @@
-"""Multi-query repeated associative recall with N-back (MQRAR-N)."""
+"""Multi-query repeated associative recall with N-back (MQRAR-N).
+
+Version 2 of the format: a query is ``? Kx`` and shows no answer. Version 1 wrote a query as
+``? Kx Vz``, its answer Vz as an input token after the scored position. A later query of the
+same key, with no assignment to it in between, has the same answer, so a model could copy the
+answer shown after the earlier query instead of counting assignments: the rule "repeat the
+value that followed the key's latest mention" scored 57-68% at N = 2-4, far above the latest
+assignment (the N = 1 answer, about 1/num_values for N > 1). In version 2 the only values in
+the input are those of assignments, so that rule is exactly the latest-assignment baseline.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +18,7 @@ import numpy as np
 from pathbench import UserError
 from pathbench.tasks.base import IGNORE_INDEX, TASKS, Task, option
 
-ASSIGNMENT_TOKENS, QUERY_TOKENS = 2, 3  # "Kx Vy" and "? Kx Vz"
+ASSIGNMENT_TOKENS, QUERY_TOKENS = 2, 2  # "Kx Vy" and "? Kx"
 
 
 @dataclass(frozen=True)
@@ -49,19 +58,34 @@ class Mqrar(Task):
     Vocabulary: keys ``K0``..``K{num_keys-1}``, values ``V0``..``V{num_values-1}``, the query
     marker ``?`` and the pad ``.``, in that id order. A sequence is a stream of items, each an
     assignment ``Kx Vy`` (key x now holds value y, both uniform) or, with probability
-    ``query_prob`` once some key has at least ``n_back`` assignments, a query ``? Kx Vz`` about
-    a key chosen uniformly among those, where Vz is the value of the ``n_back``-th most recent
-    assignment to Kx (1 = the latest). The stream ends at the first item that does not fit in
-    ``length`` tokens; the remainder is padded with ``.``. Scored: the ``Kx`` position of each
-    query, whose target is Vz.
+    ``query_prob`` once some key has at least ``n_back`` assignments, a query ``? Kx`` about a
+    key chosen uniformly among those. The answer to the query is the value of the
+    ``n_back``-th most recent assignment to Kx before it (1 = the latest); it is not in the
+    input. The stream ends at the first item that does not fit in ``length`` tokens; the
+    remainder is padded with ``.``. Scored: the ``Kx`` position of each query, whose target is
+    the answer; every other position is not scored (-100).
 
-    Length generalisation: with ``eval_length`` set (greater than ``length``) the task has a
-    third split, ``test_long``, of ``eval_length``-token sequences with the same statistics and
-    hence more items; it draws from its own random stream like every split.
+    An example with ``n_back`` = 2 and ``length`` = 17 (targets under the scored positions)::
+
+        inputs   K0 V3 K1 V0 K0 V1 ?  K0 K1 V2 ?  K1 K0 V2 ?  K0 .
+        targets                       V3          V0          V1
+
+    The first query asks for K0's value before its latest (V3, not V1), the second for K1's
+    (V0, not V2), the third for K0's second most recent of V3, V1, V2 (V1).
+
+    Baselines (`baselines`): ``chance`` (1 / num_values) and ``latest_assignment``, the
+    accuracy of answering with the key's latest value, i.e. the N = 1 answer: 1.0 when
+    ``n_back`` is 1, and for ``n_back`` > 1 what a model scores that has not learnt to look past
+    the latest assignment.
+
+    Splits: ``train``, ``val`` and ``test``, all ``length`` tokens. Length generalisation: with
+    ``eval_length`` set (greater than ``length``) the task has a further test split,
+    ``test_long``, of ``eval_length``-token sequences with the same statistics and hence more
+    items; it draws from its own random stream like every split.
     """
 
     name = "mqrar"
-    version = "1"
+    version = "2"
     description = "multi-query repeated associative recall: recall a key's n-th most recent value"
     Config = MqrarConfig
     # The model and task size are PaTH's setting (Yang et al. 2025): two layers, two heads,
@@ -83,7 +107,7 @@ class Mqrar(Task):
         keys, values = self.options.num_keys, self.options.num_values
         self.vocab = [f"K{k}" for k in range(keys)] + [f"V{v}" for v in range(values)] + ["?", "."]
         has_long = self.options.eval_length is not None
-        self.splits = ("train", "test", "test_long") if has_long else ("train", "test")
+        self.splits = ("train", "val", "test") + (("test_long",) if has_long else ())
 
     def sample(self, rng, num, split):
         o = self.options
@@ -124,7 +148,33 @@ class Mqrar(Task):
             at = position[rows]
             inputs[rows, at] = query
             inputs[rows, at + 1] = keys
-            inputs[rows, at + 2] = answers
             targets[rows, at + 1] = answers
             position[rows] += QUERY_TOKENS
         return inputs, targets
+
+    def baselines(self, dataset, split):
+        """``chance`` and ``latest_assignment`` (see the class docstring), on ``dataset``."""
+        return {
+            "chance": 1.0 / self.options.num_values,
+            "latest_assignment": self.metrics(
+                self.latest_assignment(dataset.inputs), dataset.targets, split
+            )["accuracy"],
+        }
+
+    def latest_assignment(self, inputs: np.ndarray) -> np.ndarray:
+        """Predictions [num, length] of the rule "answer a query with the latest value assigned
+        to its key", read from the tokens alone (the pad token where there is no query)."""
+        o = self.options
+        query, pad = o.num_keys + o.num_values, o.num_keys + o.num_values + 1
+        num, length = inputs.shape
+        predictions = np.full((num, length), pad, dtype=np.int64)
+        latest = np.full((num, o.num_keys), pad, dtype=np.int64)  # value token of each key
+        rows = np.arange(num)
+        # Every item is two tokens and the first starts at position 0.
+        for at in range(0, length - 1, ASSIGNMENT_TOKENS):
+            first, second = inputs[:, at], inputs[:, at + 1]
+            assigned = rows[first < o.num_keys]
+            latest[assigned, first[assigned]] = second[assigned]
+            asked = rows[first == query]
+            predictions[asked, at + 1] = latest[asked, second[asked]]
+        return predictions

@@ -66,13 +66,17 @@ class WordProblem(Task):
     drawn uniformly; the target at position t is x_0 * x_1 * ... * x_t, where p * q means
     "apply p, then q" (sympy's convention). Every position is scored.
 
-    Length generalisation: with ``eval_length`` set (greater than ``length``) the task has a
-    third split, ``test_long``, of sequences ``eval_length`` long, drawn from its own random
-    stream like every split. Training always uses ``length``.
+    Splits: ``train``, ``val`` and ``test``, all of ``length`` elements. Length generalisation:
+    with ``eval_length`` set (greater than ``length``) the task has a further test split,
+    ``test_long``, of sequences ``eval_length`` long, drawn from its own random stream like
+    every split. Training always uses ``length``.
 
-    Metrics: ``accuracy`` (all positions), ``last_accuracy`` (the final product) and
-    ``accuracy_by_position`` (a list). Solved means accuracy of at least 0.9, the threshold of
-    Merrill et al. (2024) that PaTH follows.
+    Metrics: ``accuracy`` (all positions), ``last_accuracy`` (the final product),
+    ``accuracy_by_position`` (a list, one accuracy per position) and ``solved_length``, the
+    longest prefix of positions that are each at least 90% accurate (0 when the first position
+    is below). Solved means accuracy of at least 0.9, the threshold of Merrill et al. (2024)
+    that PaTH follows; a depth solves the task only at a stated length, since the depth needed
+    grows with the length of the word. Baseline: ``chance`` (1 / the order of the group).
     """
 
     version = "1"
@@ -97,7 +101,7 @@ class WordProblem(Task):
         super().__init__(overrides)
         self.vocab, self._table = group_tables(self.name)
         has_long = self.options.eval_length is not None
-        self.splits = ("train", "test", "test_long") if has_long else ("train", "test")
+        self.splits = ("train", "val", "test") + (("test_long",) if has_long else ())
 
     def sample(self, rng, num, split):
         length = self.options.eval_length if split == "test_long" else self.options.length
@@ -110,10 +114,16 @@ class WordProblem(Task):
 
     def metrics(self, predictions, targets, split):
         metrics = super().metrics(predictions, targets, split)
-        correct = np.asarray(predictions) == np.asarray(targets)
-        metrics["last_accuracy"] = float(correct[:, -1].mean())
-        metrics["accuracy_by_position"] = correct.mean(axis=0).tolist()
+        correct = np.asarray(predictions) == np.asarray(targets)  # every position is scored
+        by_position = correct.mean(axis=0)
+        below = np.flatnonzero(by_position < self.solved_threshold)
+        metrics["last_accuracy"] = float(by_position[-1])
+        metrics["accuracy_by_position"] = by_position.tolist()
+        metrics["solved_length"] = int(below[0]) if below.size else len(by_position)
         return metrics
+
+    def baselines(self, dataset, split):
+        return {"chance": 1.0 / len(self.vocab)}
 
 
 @TASKS.register("a5")

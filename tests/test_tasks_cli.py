@@ -12,8 +12,9 @@ from pathbench.tasks import make_task
 def test_ls_lists_every_built_in_with_version_description_and_defaults(pathbench_cli):
     result = pathbench_cli("ls")
     assert result.returncode == 0, result.stderr
-    for name in ["flipflop", "a5", "s5", "a4xz5", "z60", "mqrar"]:
+    for name in ["flipflop", "a5", "s5", "a4xz5", "z60"]:
         assert f"  {name}  (built-in, version 1)" in result.stdout
+    assert "  mqrar  (built-in, version 2)" in result.stdout
     assert "defaults: length=512" in result.stdout
     assert "n_back=2" in result.stdout and "num_keys=32" in result.stdout
 
@@ -58,6 +59,27 @@ def test_show_prints_tokens_and_marks_scored_positions(pathbench_cli):
     assert lines[2].split() == first
 
 
+def test_show_mqrar_marks_each_query_key_with_its_answer(pathbench_cli):
+    result = pathbench_cli("data", "mqrar", "--split", "val", "--set", "length=40",
+                           "--set", "num_keys=3", "--set", "num_values=4", "--show", "2")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("mqrar (version 2) split=val seed=0, first 2 of 1000 sequences")
+    assert [line for line in lines if line.startswith("[")] == ["[0]", "[1]"]
+    expected = make_task("mqrar", {"length": 40, "num_keys": 3, "num_values": 4}).generate(
+        1000, seed=0, split="val")
+    vocab = expected.vocab
+    shown = " ".join(lines[2:lines.index("[1]")]).split()
+    assert shown == [vocab[t] if s == -100 else f"{vocab[t]}=>{vocab[s]}"
+                     for t, s in zip(expected.inputs[0], expected.targets[0])]
+    # A query reads "? Kx=>Vy": the answer is shown only as the target of the key.
+    for before, word in zip(shown, shown[1:]):
+        assert ("=>" in word) == (before == "?")
+        if "=>" in word:
+            key, answer = word.split("=>")
+            assert key.startswith("K") and answer.startswith("V")
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
@@ -65,7 +87,8 @@ def test_show_prints_tokens_and_marks_scored_positions(pathbench_cli):
         (["data", "flipflop", "--set", "colour=red", "--show", "1"], ["'colour'", "length"]),
         (["data", "flipflop", "--set", "length=-2", "--show", "1"], ["'length'", ">= 4"]),
         (["data", "flipflop", "--set", "length", "--show", "1"], ["malformed --set", "KEY=VALUE"]),
-        (["data", "flipflop", "--split", "val", "--show", "1"], ["'val'", "sparse"]),
+        (["data", "flipflop", "--split", "validation", "--show", "1"],
+         ["'validation'", "train, val, test, sparse"]),
         (["data", "flipflop", "--out", "missing/d.npz"], ["cannot write", "missing/d.npz"]),
         (["data", "flipflop", "--out", "d.csv"], ["'.csv'", ".npz or .parquet"]),
         (["data", "flipflop", "--num", "0", "--show", "1"], ["--num"]),

@@ -7,7 +7,7 @@ import pytest
 
 from pathbench.tasks import make_task
 
-P_IGNORE = {"train": 0.8, "test": 0.8, "sparse": 0.98, "dense": 0.1}  # TASKS.md
+P_IGNORE = {"train": 0.8, "val": 0.8, "test": 0.8, "sparse": 0.98, "dense": 0.1}
 
 
 def decode(dataset, row):
@@ -17,11 +17,12 @@ def decode(dataset, row):
 def test_vocabulary_and_splits_are_the_documented_ones():
     task = make_task("flipflop")
     assert task.vocab == ["w", "r", "i", "0", "1"]
-    assert task.splits == ("train", "test", "sparse", "dense")
+    assert task.splits == ("train", "val", "test", "sparse", "dense")
+    assert task.test_splits == ("test", "sparse", "dense")
     assert task.config == {"length": 512}
 
 
-@pytest.mark.parametrize("split", ["train", "test", "sparse", "dense"])
+@pytest.mark.parametrize("split", list(P_IGNORE))
 @pytest.mark.parametrize("length", [4, 64, 512])
 def test_targets_follow_from_the_tokens(split, length):
     dataset = make_task("flipflop", {"length": length}).generate(100, seed=3, split=split)
@@ -45,7 +46,7 @@ def test_targets_follow_from_the_tokens(split, length):
         assert scored == expected
 
 
-@pytest.mark.parametrize("split", ["train", "test", "sparse", "dense"])
+@pytest.mark.parametrize("split", list(P_IGNORE))
 def test_instruction_frequencies_match_the_split(split):
     dataset = make_task("flipflop").generate(2000, seed=0, split=split)
     vocab = np.array(dataset.vocab)
@@ -80,3 +81,8 @@ def test_error_is_the_percentage_of_wrong_reads():
     metrics = task.metrics(predictions, dataset.targets, "test")
     assert metrics["accuracy"] == pytest.approx(1 - 1 / len(scored))
     assert metrics["error"] == pytest.approx(100 / len(scored))
+
+
+def test_chance_baseline_is_a_guessed_bit():
+    task = make_task("flipflop", {"length": 16})
+    assert task.baselines(task.generate(10, seed=0, split="val"), "val") == {"chance": 0.5}

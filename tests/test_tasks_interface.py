@@ -30,7 +30,8 @@ def test_task_attributes(name):
     assert isinstance(task, Task) and task.name == name
     assert task.version and isinstance(task.version, str)
     assert task.description and "\n" not in task.description
-    assert task.splits[0] == "train" and "test" in task.splits
+    assert task.splits[:3] == ("train", "val", "test")
+    assert task.test_splits == task.splits[2:]
     assert task.primary_metric == "accuracy"
     assert task.solved_threshold == (0.9 if name in WORD_PROBLEMS else None)
     assert set(task.run_defaults) == {"model", "train"}
@@ -75,13 +76,126 @@ def test_generation_is_deterministic_per_split_and_seed(name):
     assert not np.array_equal(first.inputs, other_split.inputs)
 
 
+def test_every_registered_task_has_val_right_after_train():
+    for name in TASKS.names():
+        try:
+            task_class = TASKS.get(name)
+        except UserError:
+            continue  # a plugin of this environment that fails to load
+        task = task_class()
+        assert task.splits[:2] == ("train", "val"), name
+
+
+@pytest.mark.parametrize("name", BUILT_INS)
+def test_val_has_its_own_stream_and_is_deterministic(name):
+    task = small_task(name)
+    val = task.generate(32, seed=7, split="val")
+    again = small_task(name).generate(32, seed=7, split="val")
+    assert np.array_equal(val.inputs, again.inputs)
+    assert np.array_equal(val.targets, again.targets)
+    for split in ["train", "test"]:
+        assert not np.array_equal(val.inputs, task.generate(32, seed=7, split=split).inputs)
+    assert not np.array_equal(val.inputs, task.generate(32, seed=8, split="val").inputs)
+
+
+@pytest.mark.parametrize("name", BUILT_INS)
+def test_val_follows_the_training_distribution(name):
+    # Same shape, and the same token frequencies as train within sampling noise.
+    task = small_task(name)
+    train = task.generate(4000, seed=0, split="train")
+    val = task.generate(4000, seed=0, split="val")
+    assert val.inputs.shape == train.inputs.shape
+    assert abs((val.targets != -100).mean() - (train.targets != -100).mean()) < 0.01
+    size = len(task.vocab)
+    frequencies = [np.bincount(d.inputs.ravel(), minlength=size) / d.inputs.size
+                   for d in (train, val)]
+    assert np.abs(frequencies[0] - frequencies[1]).max() < 0.01
+
+
+@dataclass(frozen=True)
+class CountConfig:
+    length: int = option(6, "tokens per sequence", minimum=1)
+
+
+class LegacyCount(Task):
+    """A task as written before the val split: it declares train and test only, and its test
+    split is drawn differently (tokens 2-3 instead of 0-1)."""
+
+    name = "legacy_count"
+    version = "1"
+    description = "a test task"
+    Config = CountConfig
+    run_defaults = {"model": {}, "train": {}}
+
+    def __init__(self, overrides=None, splits=("train", "test")):
+        super().__init__(overrides)
+        self.vocab = ["0", "1", "2", "3"]
+        self.splits = splits
+        self.asked = []
+
+    def sample(self, rng, num, split):
+        self.asked.append(split)
+        tokens = rng.integers(0, 2, size=(num, self.options.length)) + (split == "test") * 2
+        return tokens, tokens
+
+
+def test_a_task_without_val_gets_val_as_train_on_its_own_stream():
+    task = LegacyCount()
+    assert task.splits == ("train", "val", "test") and task.test_splits == ("test",)
+    val = task.generate(50, seed=3, split="val")
+    assert task.asked == ["train"]  # sample never sees the name "val"
+    assert val.inputs.max() <= 1  # the train distribution, not test's
+    train = task.generate(50, seed=3, split="train")
+    assert not np.array_equal(val.inputs, train.inputs)  # its own stream
+    assert np.array_equal(val.inputs, LegacyCount().generate(50, seed=3, split="val").inputs)
+
+
+def test_splits_may_be_a_class_attribute():
+    class Declared(LegacyCount):
+        splits = ("train", "test", "test_long")
+
+        def __init__(self, overrides=None):
+            Task.__init__(self, overrides)
+            self.vocab = ["0", "1", "2", "3"]
+            self.asked = []
+
+    task = Declared()
+    assert task.splits == ("train", "val", "test", "test_long")
+    task.generate(2, seed=0, split="val")
+    assert task.asked == ["train"]
+
+
+@pytest.mark.parametrize(
+    "splits, words",
+    [
+        (("test", "train"), ["start with 'train'"]),
+        (("train", "test", "val"), ["'val' must be the second split"]),
+        (("train", "val", "val", "test"), ["twice"]),
+        (("train",), ["at least one test split"]),
+        (("train", "val"), ["at least one test split"]),
+        ("train", ["tuple of split names"]),
+    ],
+)
+def test_malformed_splits_name_the_task_class(splits, words):
+    with pytest.raises(UserError) as error:
+        LegacyCount(splits=splits)
+    message = str(error.value)
+    assert "\n" not in message and "test_tasks_interface.LegacyCount" in message
+    assert all(word in message for word in words), message
+
+
+def test_tasks_have_no_baselines_unless_they_define_them():
+    task = LegacyCount()
+    assert task.baselines(task.generate(4, seed=0, split="test"), "test") == {}
+
+
 @pytest.mark.parametrize(
     "name, overrides, inputs",
     [
         ("flipflop", {"length": 8}, [0, 4, 2, 4, 2, 3, 1, 4]),
         ("a5", {"length": 6}, [25, 13, 27, 9, 12, 9]),
         ("mqrar", {"length": 16, "num_keys": 2, "num_values": 3},
-         [0, 2, 0, 3, 0, 3, 5, 0, 3, 5, 0, 3, 5, 0, 3, 6]),
+         [0, 2, 0, 3, 0, 3, 5, 0, 5, 0, 5, 0, 0, 3, 1, 2]),
     ],
 )
 def test_known_arrays_do_not_change_silently(name, overrides, inputs):
@@ -110,7 +224,7 @@ def test_unknown_config_key_names_the_valid_keys(name):
         ("mqrar", {"n_back": 0}, ["'n_back'", ">= 1"]),
         ("mqrar", {"query_prob": "1"}, ["'query_prob'", "between 0 and 1"]),
         ("mqrar", {"query_prob": "nan"}, ["'query_prob'", "float"]),
-        ("mqrar", {"n_back": 4, "length": 10}, ["'length'", ">= 11"]),
+        ("mqrar", {"n_back": 4, "length": 9}, ["'length'", ">= 10"]),
     ],
 )
 def test_bad_values_are_named(name, overrides, words):
@@ -129,7 +243,7 @@ def test_strings_from_the_command_line_are_converted():
 def test_unknown_task_and_unknown_split_name_the_choices():
     with pytest.raises(UserError, match="valid choices: .*flipflop"):
         make_task("flip-flop")
-    with pytest.raises(UserError, match="valid splits: train, test, sparse, dense"):
+    with pytest.raises(UserError, match="valid splits: train, val, test, sparse, dense"):
         make_task("flipflop").generate(1, seed=0, split="validation")
     with pytest.raises(UserError, match="seed"):
         make_task("flipflop").generate(1, seed=-1, split="train")

@@ -1,8 +1,10 @@
 """mqrar: every sequence parsed from its token strings and its queries answered here."""
 
+import numpy as np
 import pytest
 
 from pathbench.tasks import make_task
+from pathbench.tasks.mqrar import Mqrar
 
 
 def check_sequence(tokens, targets, n_back):
@@ -12,19 +14,18 @@ def check_sequence(tokens, targets, n_back):
     position = assignments = queries = 0
     while position < len(tokens) and tokens[position] != ".":
         if tokens[position] == "?":
-            key, value = tokens[position + 1], tokens[position + 2]
-            assert key.startswith("K") and value.startswith("V")
+            key = tokens[position + 1]
+            assert key.startswith("K")
             assert len(history.get(key, [])) >= n_back, "a key queried too early"
-            assert value == history[key][-n_back]
-            expected_targets[position + 1] = value
-            position, queries = position + 3, queries + 1
+            expected_targets[position + 1] = history[key][-n_back]
+            position, queries = position + 2, queries + 1
         else:
             key, value = tokens[position], tokens[position + 1]
             assert key.startswith("K") and value.startswith("V")
             history.setdefault(key, []).append(value)
             position, assignments = position + 2, assignments + 1
     padding = tokens[position:]
-    assert set(padding) <= {"."} and len(padding) < 3  # the stream stops when an item won't fit
+    assert set(padding) <= {"."} and len(padding) < 2  # the stream stops when an item won't fit
     assert targets == expected_targets
     return assignments, queries
 
@@ -35,6 +36,21 @@ def decode(dataset, row):
     return tokens, targets
 
 
+def latest_mention_rule(tokens, targets):
+    """(correct, scored) of "predict the value token that most recently followed a mention of
+    the queried key", from the token strings alone: the shortcut that version 1 allowed."""
+    correct = scored = 0
+    for position, target in enumerate(targets):
+        if target is None:
+            continue
+        key = tokens[position]
+        followers = [tokens[at + 1] for at in range(position)
+                     if tokens[at] == key and tokens[at + 1].startswith("V")]
+        correct += bool(followers) and followers[-1] == target
+        scored += 1
+    return correct, scored
+
+
 def test_vocabulary_is_keys_values_query_pad():
     task = make_task("mqrar", {"num_keys": 3, "num_values": 2})
     assert task.vocab == ["K0", "K1", "K2", "V0", "V1", "?", "."]
@@ -42,23 +58,104 @@ def test_vocabulary_is_keys_values_query_pad():
         "num_keys": 32, "num_values": 32, "n_back": 2, "query_prob": 0.5,
         "length": 768, "eval_length": None,
     }
+    assert task.version == "2"  # version 1 showed each answer in the input
 
 
 @pytest.mark.parametrize("n_back", [1, 2, 3, 4])
 def test_queries_are_answerable_and_answered(n_back):
-    task = make_task("mqrar", {"n_back": n_back, "num_keys": 8, "num_values": 8, "length": 120})
-    dataset = task.generate(300, seed=n_back, split="train")
-    total_queries = 0
-    for row in range(300):
-        _, queries = check_sequence(*decode(dataset, row), n_back)
-        total_queries += queries
-    assert total_queries > 300 * 5  # queries are common, not an edge case
+    task = make_task("mqrar", {"n_back": n_back, "num_keys": 8, "num_values": 8, "length": 121})
+    for split in ["train", "val", "test"]:
+        dataset = task.generate(300, seed=n_back, split=split)
+        total_queries = 0
+        for row in range(300):
+            _, queries = check_sequence(*decode(dataset, row), n_back)
+            total_queries += queries
+        assert total_queries > 300 * 5  # queries are common, not an edge case
+
+
+def test_the_documented_example_is_a_valid_sequence():
+    lines = [line.split() for line in Mqrar.__doc__.splitlines()]
+    tokens = next(words[1:] for words in lines if words[:1] == ["inputs"])
+    documented = next(words[1:] for words in lines if words[:1] == ["targets"])
+    targets = [None] * len(tokens)
+    for position in [i + 1 for i, token in enumerate(tokens) if token == "?"]:
+        targets[position] = documented.pop(0)
+    assert not documented and len(tokens) == 17
+    assert check_sequence(tokens, targets, n_back=2) == (5, 3)
+
+
+@pytest.mark.parametrize("n_back", [1, 2, 3, 4])
+def test_no_answer_is_in_the_input(n_back):
+    task = make_task("mqrar", {"n_back": n_back, "num_keys": 4, "num_values": 8, "length": 200})
+    dataset = task.generate(200, seed=1, split="test")
+    rows, positions = np.nonzero(dataset.targets != -100)
+    vocab = np.array(dataset.vocab)
+    assert (vocab[dataset.inputs[rows, positions - 1]] == "?").all()  # scored: a query's key
+    inside = positions + 1 < dataset.inputs.shape[1]  # a query may end the sequence
+    rows, positions = rows[inside], positions[inside]
+    after = dataset.inputs[rows, positions + 1]
+    assert not np.char.startswith(vocab[after], "V").any()  # no value right after a query key
+    assert not (after == dataset.targets[rows, positions]).any()
+
+
+@pytest.mark.parametrize("n_back", [1, 2, 3, 4])
+def test_the_latest_mention_shortcut_is_only_the_latest_assignment(n_back):
+    task = make_task("mqrar", {"n_back": n_back, "num_keys": 4, "num_values": 8, "length": 160})
+    dataset = task.generate(200, seed=2, split="test")
+    correct = scored = 0
+    for row in range(len(dataset)):
+        row_correct, row_scored = latest_mention_rule(*decode(dataset, row))
+        correct, scored = correct + row_correct, scored + row_scored
+    baselines = task.baselines(dataset, "test")
+    assert correct / scored == baselines["latest_assignment"]
+    if n_back == 1:
+        assert correct == scored
+    else:  # about 1/8, the chance that the latest value equals the n-th latest
+        assert correct / scored < 0.25
+
+
+def brute_force_latest_assignment(dataset):
+    correct = scored = 0
+    for row in range(len(dataset)):
+        tokens, targets = decode(dataset, row)
+        latest = {}
+        for position in range(0, len(tokens) - 1, 2):
+            first, second = tokens[position], tokens[position + 1]
+            if first.startswith("K"):
+                latest[first] = second
+            elif first == "?":
+                correct += latest[second] == targets[position + 1]
+                scored += 1
+    return correct / scored
+
+
+@pytest.mark.parametrize("n_back", [1, 2, 3])
+def test_baselines_are_recounted_by_hand(n_back):
+    task = make_task("mqrar", {"n_back": n_back, "num_keys": 3, "num_values": 5, "length": 61})
+    dataset = task.generate(300, seed=4, split="val")
+    baselines = task.baselines(dataset, "val")
+    assert set(baselines) == {"chance", "latest_assignment"}
+    assert baselines["chance"] == 1 / 5
+    assert baselines["latest_assignment"] == brute_force_latest_assignment(dataset)
+    if n_back == 1:
+        assert baselines["latest_assignment"] == 1.0
+    else:
+        assert 0.1 < baselines["latest_assignment"] < 0.3  # 1/5 for independent values
+
+
+def test_latest_assignment_predicts_only_at_queries():
+    task = make_task("mqrar", {"num_keys": 3, "num_values": 4, "length": 40})
+    dataset = task.generate(50, seed=0, split="test")
+    predictions = task.latest_assignment(dataset.inputs)
+    pad = task.vocab.index(".")
+    assert ((predictions != pad) == (dataset.targets != -100)).all()
 
 
 def test_paper_setting_and_long_evaluation_split():
     task = make_task("mqrar", {"eval_length": 1024})
-    assert task.splits == ("train", "test", "test_long")
-    for split, length in [("test", 768), ("test_long", 1024)]:
+    assert task.splits == ("train", "val", "test", "test_long")
+    assert task.test_splits == ("test", "test_long")
+    for split, length in [("val", 768), ("test", 768), ("test_long", 1024)]:
         dataset = task.generate(20, seed=0, split=split)
         assert dataset.inputs.shape == dataset.targets.shape == (20, length)
         for row in range(20):

@@ -32,6 +32,20 @@ def test_plugin_task_generates_correct_data(plugin_cli, tmp_path):
             assert vocab[answer] == ("odd" if ones % 2 else "even")
 
 
+def test_plugin_task_has_a_val_split_on_its_own_stream(plugin_cli, tmp_path):
+    arrays = {}
+    for split in ["train", "val", "test"]:
+        result = plugin_cli("data", "parity", "--split", split, "--num", "20",
+                            "--set", "length=16", "--out", f"{split}.npz")
+        assert result.returncode == 0, result.stderr
+        with np.load(tmp_path / f"{split}.npz") as saved:
+            arrays[split] = saved["inputs"]
+    assert not np.array_equal(arrays["val"], arrays["train"])
+    assert not np.array_equal(arrays["val"], arrays["test"])
+    result = plugin_cli("data", "parity", "--split", "dev", "--show", "1")
+    assert result.returncode == 2 and "valid splits: train, val, test" in result.stderr
+
+
 def test_broken_plugin_fails_only_when_used_and_is_named(plugin_cli):
     result = plugin_cli("data", "broken", "--show", "1")
     assert result.returncode == 2 and "Traceback" not in result.stderr

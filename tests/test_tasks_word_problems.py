@@ -51,7 +51,8 @@ def test_vocabulary_is_the_group_sorted_by_array_form(name):
 @pytest.mark.parametrize("name", GROUPS)
 def test_targets_are_running_products(name):
     task = make_task(name, {"length": 12, "eval_length": 30})
-    for split, length in [("train", 12), ("test", 12), ("test_long", 30)]:
+    assert task.splits == ("train", "val", "test", "test_long")
+    for split, length in [("train", 12), ("val", 12), ("test", 12), ("test_long", 30)]:
         dataset = task.generate(200, seed=5, split=split)
         assert dataset.inputs.shape == dataset.targets.shape == (200, length)
         for row in range(200):
@@ -99,4 +100,42 @@ def test_metrics_score_every_position_and_the_last_one():
     assert metrics["accuracy"] == pytest.approx(1 - 3 / 32)
     assert metrics["last_accuracy"] == pytest.approx(6 / 8)
     assert metrics["accuracy_by_position"] == pytest.approx([7 / 8, 1, 1, 6 / 8])
+    assert metrics["solved_length"] == 0  # the first position is below 90%
     assert task.solved_threshold == 0.9
+    assert json.loads(json.dumps(metrics)) == metrics
+
+
+def predictions_with_errors(targets, errors_by_position):
+    """``targets`` with ``errors_by_position[t]`` rows wrong at position t."""
+    predictions = targets.copy()
+    for position, errors in enumerate(errors_by_position):
+        predictions[:errors, position] = (predictions[:errors, position] + 1) % 60
+    return predictions
+
+
+@pytest.mark.parametrize(
+    "errors, solved_length",
+    [
+        ([0, 0, 0, 0, 0, 0], 6),  # every position right
+        ([0, 1, 2, 5, 0, 0], 3),  # position 3 is 75% accurate, the positions after it do not count
+        ([0, 0, 2, 0, 0, 3], 5),  # 2 of 20 wrong is exactly 90%: solved
+        ([3, 0, 0, 0, 0, 0], 0),  # the first position is below
+        ([0, 0, 0, 0, 0, 3], 5),  # only the last is below
+    ],
+)
+def test_solved_length_is_the_prefix_of_positions_at_least_90_percent_right(errors, solved_length):
+    task = make_task("a5", {"length": 6})
+    targets = task.generate(20, seed=1, split="val").targets
+    metrics = task.metrics(predictions_with_errors(targets, errors), targets, "val")
+    assert metrics["solved_length"] == solved_length
+    assert metrics["accuracy_by_position"] == pytest.approx([1 - e / 20 for e in errors])
+    assert metrics["last_accuracy"] == pytest.approx(1 - errors[-1] / 20)
+    assert metrics["accuracy"] == pytest.approx(1 - sum(errors) / 120)
+    assert set(metrics) == {"accuracy", "last_accuracy", "accuracy_by_position", "solved_length"}
+
+
+@pytest.mark.parametrize("name", GROUPS)
+def test_chance_baseline_is_one_over_the_order(name):
+    task = make_task(name, {"length": 3})
+    dataset = task.generate(4, seed=0, split="test")
+    assert task.baselines(dataset, "test") == {"chance": 1 / ORDERS[name]}

@@ -1,4 +1,8 @@
-"""A pathbench task defined outside pathbench: running parity, the word problem of Z2."""
+"""A pathbench task defined outside pathbench: running parity, the word problem of Z2.
+
+It declares its ``val`` split. A task that does not (written before pathbench had one) still
+works: pathbench adds ``val`` after ``train`` and draws it as ``train`` on its own stream.
+"""
 
 from dataclasses import dataclass
 
@@ -16,6 +20,9 @@ class Parity(Task):
     """Running parity: after each bit, say whether the number of ones so far is even or odd.
 
     Vocabulary ``0``, ``1`` (inputs) and ``even``, ``odd`` (targets); every position is scored.
+    Splits: ``train``, ``val`` (the same distribution, on its own random stream: pathbench's
+    runs decide on it) and ``test``, which only reports. All three draw the same way, so
+    ``sample`` need not look at the split's name. Baseline: ``chance`` (0.5).
     """
 
     name = "parity"
@@ -31,9 +38,12 @@ class Parity(Task):
     def __init__(self, overrides=None):
         super().__init__(overrides)
         self.vocab = ["0", "1", "even", "odd"]
-        self.splits = ("train", "test")
+        self.splits = ("train", "val", "test")
 
     def sample(self, rng, num, split):
         bits = rng.integers(0, 2, size=(num, self.options.length))
         parity = np.cumsum(bits, axis=1) % 2
         return bits, parity + self.vocab.index("even")
+
+    def baselines(self, dataset, split):
+        return {"chance": 0.5}
