@@ -39,6 +39,11 @@ SECTIONS = ("task", "model", "train")
 PRESETS = ("paper", "cpu")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULES = ("cosine", "constant")  # the learning rate after the warm-up
+# Every decision (early stopping, the learning rate a table picks, whether a model solved a task
+# for --until-solved) is made on this split; the test splits only report. Records say so.
+DECISION_SPLIT = "val"
+DECISIONS = {"early_stop": DECISION_SPLIT, "learning_rate": DECISION_SPLIT,
+             "until_solved": DECISION_SPLIT}
 
 
 @dataclass

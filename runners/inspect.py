@@ -54,7 +54,7 @@ def inspect(run_dir, output, split, example, tokens):
                         f"valid: {', '.join('.' + f for f in sorted(formats))}")
     config = record["config"]
     task = make_task(config["task"]["name"], config["task"]["config"])
-    split = split or task.splits[1]
+    split = split or task.test_splits[0]
     if split not in task.splits:
         raise UserError(f"unknown split {split!r}; valid splits: {', '.join(task.splits)}")
     model = build_model(model_config(config["model"]))

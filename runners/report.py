@@ -1,15 +1,17 @@
 """`pathbench results`: tables from run records (the figures of `pathbench plot` draw on them).
 
 Everything reads one table: a pandas frame with a row per run (``load_frame``). A *cell* is a
-configuration up to its seed and learning rate. By default a cell is reported at its best
-learning rate: the one whose runs finished most often without diverging and, among those, had
-the highest mean of the primary metric on the first evaluation split (the *headline* split,
-e.g. ``test``). The value of a cell is then the mean over its seeds at that learning rate
-(runs that diverged or failed have no metrics; tables show how many of the seeds finished
-"ok"), and its spread the standard deviation (tables) or the min..max range (figures).
+configuration up to its seed and learning rate. Validation decides, test reports: a cell is
+reported at the learning rate whose runs finished most often without diverging and, among
+those, had the highest mean of the primary metric on ``val`` (each record's final validation
+metrics). Its value on every test split is then the mean over its seeds at that learning rate
+(runs that diverged or failed have no metrics; tables show how many seeds finished "ok"), and
+its spread the sample standard deviation over those seeds (n - 1; tables) or their min..max
+(figures). A rate measured on N scored positions also has its 95% Wilson interval (``--runs``).
 
-A task is *solved* at a depth when that mean reaches the task's ``solved_threshold`` (0.9 for
-the word problems). The same rule decides ``sweep --until-solved``.
+A cell *solves* a task (one with a ``solved_threshold``, 0.9 for the word problems) when at least
+two thirds of its seeds reach the threshold: on ``val`` for ``sweep --until-solved``'s decision
+to stop adding layers, on the first test split (the *headline*) for what tables report.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pandas as pd
 
 from pathbench import UserError
 from pathbench.runners import store
-from pathbench.runners.config import cell_key, parse_int_list
+from pathbench.runners.config import DECISION_SPLIT, cell_key, parse_int_list
 
 # Columns that name a configuration in tables; the rest of the config is in "task.*",
 # "model.*" and "train.*" columns, shown only when they vary.
@@ -41,7 +43,7 @@ def record_row(record: dict) -> dict:
         "wall_time_s": record["provenance"].get("wall_time_s"),
         "primary_metric": record.get("primary_metric") or "accuracy",
         "solved_threshold": record.get("solved_threshold"),
-        "splits": list(record["metrics"]),
+        "splits": list(record["metrics"]),  # the test splits
         "cell": cell_key(config), "depth_free_cell": cell_key(config, with_layers=False),
         "run_id": record.get("run_id"), "run_dir": record.get("run_dir"),
     }
@@ -50,7 +52,8 @@ def record_row(record: dict) -> dict:
         row[f"task.{key}"] = _hashable(value)
     row.update({f"model.{k}": _hashable(v) for k, v in model.items() if k not in named})
     row.update({f"train.{k}": _hashable(v) for k, v in train.items() if k != "lr"})
-    for split, metrics in record["metrics"].items():
+    for split, metrics in {DECISION_SPLIT: record.get("validation") or {},
+                           **record["metrics"]}.items():
         for name, value in metrics.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 row[f"{split}:{name}"] = float(value)
@@ -82,8 +85,10 @@ def varying_config_columns(frame: pd.DataFrame) -> list[str]:
 def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = True
               ) -> pd.DataFrame:
     """One row per cell (and learning rate unless ``best_lr``): seeds, ok runs, and the mean,
-    standard deviation, min and max of ``metric`` (default: the primary metric) on every
-    evaluation split; ``score`` is the mean primary metric on the headline split."""
+    sample standard deviation, min and max of ``metric`` (default: the primary metric) on every
+    test split. ``score`` is the mean primary metric on val, which picks the learning rate;
+    ``val_solved`` and ``solved`` say whether two thirds of the seeds reach the task's threshold
+    on val and on the headline test split."""
     shown_config = varying_config_columns(frame)
     rows = []
     for (cell, lr), runs in frame.groupby(["cell", "lr"], sort=False):
@@ -96,15 +101,18 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
                    solved_threshold=first["solved_threshold"], metric=name,
                    headline=splits[0] if splits else None)
         for split in splits:
-            column = f"{split}:{name}"
-            values = runs[column].dropna() if column in runs else pd.Series(dtype=float)
+            values = _values(runs, f"{split}:{name}")
             row[split] = values.mean()
-            row[f"{split}_std"] = values.std(ddof=0)
+            row[f"{split}_std"] = values.std(ddof=1)
             row[f"{split}_min"] = values.min()
             row[f"{split}_max"] = values.max()
-        headline = f"{row['headline']}:{first['primary_metric']}"
-        scores = runs[headline].dropna() if headline in runs else pd.Series(dtype=float)
+        primary = first["primary_metric"]
+        scores = _values(runs, f"{DECISION_SPLIT}:{primary}")
         row["score"] = scores.mean() if len(scores) else -math.inf
+        threshold = first["solved_threshold"]
+        row["val_solved"] = _solved(scores, len(runs), threshold)
+        row["solved"] = _solved(_values(runs, f"{row['headline']}:{primary}"), len(runs),
+                                threshold)
         rows.append(row)
     table = pd.DataFrame(rows)
     if best_lr and len(table):
@@ -113,22 +121,42 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
     return table.reset_index(drop=True)
 
 
+def _values(runs: pd.DataFrame, column: str) -> pd.Series:
+    return runs[column].dropna() if column in runs else pd.Series(dtype=float)
+
+
+def _solved(values: pd.Series, seeds: int, threshold) -> bool:
+    """At least two thirds of the seeds reach the threshold (two of three; one of one)."""
+    if threshold is None or (isinstance(threshold, float) and math.isnan(threshold)):
+        return False
+    return bool(seeds) and 3 * int((values >= threshold).sum()) >= 2 * seeds
+
+
+def wilson_interval(rate: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a binomial rate observed on n trials."""
+    if not n or math.isnan(rate):
+        return math.nan, math.nan
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def solved_cells(frame: pd.DataFrame) -> set[str]:
-    """The depth-free cells solved at some depth in ``frame`` (see the module docstring)."""
+    """The depth-free cells that val says are solved at some depth in ``frame`` (the decision
+    of ``sweep --until-solved``)."""
     if frame.empty:
         return set()
     table = aggregate(frame)
-    solved = table[table["solved_threshold"].notna()
-                   & (table["score"] >= table["solved_threshold"].fillna(math.inf))]
-    return set(solved["depth_free_cell"])
+    return set(table.loc[table["val_solved"], "depth_free_cell"])
 
 
 def min_layers_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Per task and model, the fewest layers at which the cell is solved (">N": not up to N)."""
+    """Per task and model, the fewest layers at which the cell is solved on test at the learning
+    rate val picked (">N": not up to N)."""
     rows = []
     solvable = table[table["solved_threshold"].notna()]
     for (task, model, heads), cells in solvable.groupby(["task", "model", "heads"], sort=False):
-        solved = cells[cells["score"] >= cells["solved_threshold"]]
+        solved = cells[cells["solved"]]
         rows.append({"task": task, "model": model, "heads": heads,
                      "min_layers": str(int(solved["layers"].min())) if len(solved)
                      else f">{int(cells['layers'].max())}"})

@@ -23,6 +23,7 @@ import click
 import pathbench
 from pathbench.runners import store
 from pathbench.runners.config import (
+    DECISIONS,
     DEVICES,
     PRESETS,
     cell_key,
@@ -123,6 +124,7 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
         records.append({"run_id": run_dir.name, "status": "failed", "reason": None, "steps": 0,
                         "stopped_early": False, "primary_metric": None,
                         "solved_threshold": None, "metrics": {}, "validation": {},
+                        "baselines": {}, "decisions": DECISIONS,
                         "config": config, "provenance": provenance})
     try:
         task = make_task(shared["task"]["name"], shared["task"]["config"])
@@ -170,7 +172,8 @@ def _record_outcome(record: dict, outcome, task, run_dir: Path) -> None:
 
     record.update(status=outcome.status, reason=outcome.reason, steps=outcome.steps,
                   stopped_early=outcome.stopped_early, metrics=outcome.metrics,
-                  validation=outcome.validation, primary_metric=task.primary_metric,
+                  validation=outcome.validation, baselines=outcome.baselines,
+                  primary_metric=task.primary_metric,
                   solved_threshold=task.solved_threshold)
     record["provenance"]["dataset_hash"] = outcome.dataset_hash
     if outcome.status == "ok":

@@ -2,10 +2,11 @@
 
 Training draws fresh batches from ``task.generate``, so a model never sees the same sequence
 twice; the seeds of the draws form a stream derived from the run seed. Evaluation data is fixed
-and shared by every run of a task config: a validation set (drawn from the train distribution
-with a reserved seed) decides early stopping, and each evaluation split (``task.splits[1:]``) is
-generated with the same fixed seed, so all runs are scored on identical sequences; the dataset
-hash in every record proves it.
+and shared by every run of a task config: the ``val`` split decides early stopping, and the test
+splits (``task.test_splits``) only report; each is generated from fixed seeds, so all runs are
+scored on identical sequences, and the dataset hash in every record proves it. Evaluation goes
+a chunk of sequences at a time and adds up the task's tallies (``Task.tally``), so memory stays
+flat at any evaluation size; the task's baselines are scored on the same sequences.
 
 Optimisation: AdamW, linear warm-up then cosine decay to zero, global gradient-norm clipping,
 bf16 autocast on CUDA (float32 on CPU). A NaN or infinite loss ends the run as "diverged".
@@ -37,12 +38,12 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from pathbench.models.pack import is_packed, member_state_dict
-from pathbench.runners.config import TrainConfig
+from pathbench.runners.config import DECISION_SPLIT, TrainConfig
 from pathbench.runners.optimizer import PackedAdamW
 from pathbench.tasks import IGNORE_INDEX
 
-VALIDATION_SEED = 2**32 - 1  # reserved for the validation set; see draw_seed
-EVALUATION_SEED = 0  # every evaluation split is generated with this seed
+EVALUATION_SEED = 0  # chunk c of every evaluation split is generated with seed EVALUATION_SEED + c
+EVAL_CHUNK = 8192  # evaluation sequences generated and scored at a time
 
 
 # Training sequences are drawn about this many at a time (one generate call feeds several
@@ -53,7 +54,7 @@ LOSS_READ_EVERY = 20  # steps between reads of the loss from the device (diverge
 
 def draw_seed(run_seed: int, draw: int) -> int:
     """The seed of the ``draw``-th training draw: a 32-bit value from a stream keyed by the run
-    seed. It equals VALIDATION_SEED with probability 2**-32 per draw, which we accept."""
+    seed (on the train split's own random stream, apart from every evaluation split's)."""
     return int(np.random.SeedSequence([run_seed, draw]).generate_state(1)[0])
 
 
@@ -84,20 +85,56 @@ class Outcome:
     steps: int  # optimizer steps taken (for "diverged": the step whose loss was not finite)
     stopped_early: bool
     metrics: dict = field(default_factory=dict)  # split -> metrics (empty when diverged)
-    validation: dict = field(default_factory=dict)  # the last validation metrics
+    validation: dict = field(default_factory=dict)  # the last val metrics (the final model's)
+    baselines: dict = field(default_factory=dict)  # split -> baseline name -> accuracy
     reason: str | None = None
     dataset_hash: str = ""
     weights: dict | None = None  # the final state dict ("ok" only)
 
 
-def dataset_hash(datasets: dict) -> str:
-    """sha256 over the evaluation data (inputs and targets of every split, in order)."""
-    digest = hashlib.sha256()
-    for name, dataset in datasets.items():
-        digest.update(name.encode())
-        digest.update(np.ascontiguousarray(dataset.inputs, dtype=np.int64).tobytes())
-        digest.update(np.ascontiguousarray(dataset.targets, dtype=np.int64).tobytes())
-    return digest.hexdigest()
+class EvaluationSplit:
+    """The fixed evaluation sequences of one split, read in chunks of at most EVAL_CHUNK: chunk c
+    is ``task.generate(size_c, EVALUATION_SEED + c, split)``. A split of one chunk is kept (val
+    is read at every check); a larger one is generated again at each read, so that memory stays
+    flat at any size."""
+
+    def __init__(self, task, split: str, size: int):
+        self.task, self.split = task, split
+        self.sizes = [min(EVAL_CHUNK, size - start) for start in range(0, size, EVAL_CHUNK)]
+        self.kept = [self._generate(0)] if len(self.sizes) == 1 else None
+
+    def _generate(self, chunk: int):
+        return self.task.generate(self.sizes[chunk], EVALUATION_SEED + chunk, self.split)
+
+    def chunks(self):
+        return iter(self.kept) if self.kept else map(self._generate, range(len(self.sizes)))
+
+
+def _add(tally: dict | None, more: dict) -> dict:
+    return dict(more) if tally is None else {key: tally[key] + more[key] for key in tally}
+
+
+def hash_and_baselines(task, splits: list[EvaluationSplit]) -> tuple[str, dict]:
+    """sha256 over the evaluation data (inputs and targets of every split, in order), and the
+    accuracy of each of the task's baselines on every split, in one pass over the data."""
+    digest, baselines = hashlib.sha256(), {}
+    for data in splits:
+        digest.update(data.split.encode())
+        exact, tallies = {}, {}
+        for chunk in data.chunks():
+            digest.update(np.ascontiguousarray(chunk.inputs, dtype=np.int64).tobytes())
+            digest.update(np.ascontiguousarray(chunk.targets, dtype=np.int64).tobytes())
+            for name, rule in task.baselines(chunk, data.split).items():
+                if np.isscalar(rule):
+                    exact[name] = float(rule)
+                else:
+                    tallies[name] = _add(tallies.get(name),
+                                         task.tally(rule, chunk.targets, data.split))
+        scored = {name: task.metrics_from(tally, data.split)["accuracy"]
+                  for name, tally in tallies.items()}
+        if exact or scored:
+            baselines[data.split] = {**exact, **scored}
+    return digest.hexdigest(), baselines
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str = "cosine") -> float:
@@ -222,22 +259,26 @@ def compile_for_cuda(fn):
 
 
 @torch.no_grad()
-def evaluate(model, members: int, task, dataset, split: str, batch_size: int,
+def evaluate(model, members: int, task, data: EvaluationSplit, batch_size: int,
              device: torch.device) -> list[dict]:
-    """Task metrics of each member's argmax predictions on one fixed dataset (every member
-    reads the same sequences)."""
+    """Task metrics of each member's argmax predictions on one split's fixed sequences (every
+    member reads the same ones), tallied a chunk at a time."""
     model.eval()
-    inputs = torch.from_numpy(dataset.inputs).to(device)
-    predictions = []
-    for start in range(0, len(inputs), batch_size):
-        chunk = inputs[start : start + batch_size]
-        with _autocast(device):
-            logits = model(chunk.repeat(members, 1))
-        predictions.append(logits.argmax(dim=-1).view(members, *chunk.shape))
+    tallies = [None] * members
+    for chunk in data.chunks():
+        inputs = torch.from_numpy(chunk.inputs)
+        predictions = []
+        for start in range(0, len(inputs), batch_size):
+            batch = inputs[start : start + batch_size].to(device)
+            with _autocast(device):
+                logits = model(batch.repeat(members, 1))
+            predictions.append(logits.argmax(dim=-1).view(members, *batch.shape).cpu())
+        predictions = torch.cat(predictions, dim=1).numpy()
+        for member in range(members):
+            tallies[member] = _add(tallies[member],
+                                   task.tally(predictions[member], chunk.targets, data.split))
     model.train()
-    predictions = torch.cat(predictions, dim=1).cpu().numpy()
-    return [to_jsonable(task.metrics(member_predictions, dataset.targets, split))
-            for member_predictions in predictions]
+    return [to_jsonable(task.metrics_from(tally, data.split)) for tally in tallies]
 
 
 def to_jsonable(value):
@@ -276,12 +317,10 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
     metrics.
     """
     config, primary, count = train_config, task.primary_metric, len(members)
-    validation_set = task.generate(config.eval_num, VALIDATION_SEED, task.splits[0])
-    evaluation_sets = {
-        split: task.generate(config.eval_sizes.get(split, config.eval_num), EVALUATION_SEED, split)
-        for split in task.splits[1:]
-    }
-    data_hash = dataset_hash({"validation": validation_set, **evaluation_sets})
+    validation_set, *test_sets = (
+        EvaluationSplit(task, split, config.eval_sizes.get(split, config.eval_num))
+        for split in (DECISION_SPLIT, *task.test_splits))
+    data_hash, baselines = hash_and_baselines(task, [validation_set, *test_sets])
     packed = is_packed(model)
     if not packed and count != 1:
         raise ValueError(f"{count} members need a pack of {count} models, not a single model")
@@ -306,11 +345,12 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
             outcome.metrics = metrics[member]
             outcome.weights = weights(member)
         outcome.validation, outcome.dataset_hash = validation[member], data_hash
+        outcome.baselines = baselines
         outcomes[member] = outcome
 
     def final_metrics() -> list[dict]:
-        per_split = {split: evaluate(model, count, task, dataset, split, config.batch_size,
-                                     device) for split, dataset in evaluation_sets.items()}
+        per_split = {data.split: evaluate(model, count, task, data, config.batch_size, device)
+                     for data in test_sets}
         return [{split: rows[member] for split, rows in per_split.items()}
                 for member in range(count)]
 
@@ -357,8 +397,7 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
         if not evaluate_now:
             continue
 
-        checked = evaluate(model, count, task, validation_set, task.splits[0],
-                           config.batch_size, device)
+        checked = evaluate(model, count, task, validation_set, config.batch_size, device)
         stopped = []
         for member in running:
             validation[member] = checked[member]

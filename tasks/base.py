@@ -187,29 +187,50 @@ class Task:
         inputs, targets = inputs.astype(np.int64, copy=False), targets.astype(np.int64, copy=False)
         return Dataset(inputs, targets, list(self.vocab))
 
-    def metrics(self, predictions: np.ndarray, targets: np.ndarray, split: str) -> dict[str, Any]:
-        """Scores of argmax predictions [N, L] against targets [N, L] on the scored positions.
-
-        Returns at least {"accuracy": float in [0, 1]}; subclasses add task-specific entries,
-        which must be small and JSON-serialisable (numbers, strings, short lists of numbers).
-        """
+    def tally(self, predictions: np.ndarray, targets: np.ndarray, split: str
+              ) -> dict[str, np.ndarray]:
+        """Additive counts of argmax predictions [N, L] against targets [N, L]: what
+        `metrics_from` reads. Tallies of two batches add key by key, so that any amount of
+        evaluation data is scored a batch at a time in flat memory. The base counts, per
+        position, the scored positions and the correct ones ([L] each); a subclass may add
+        counts of its own (arrays or numbers that add)."""
         predictions, targets = np.asarray(predictions), np.asarray(targets)
         if predictions.shape != targets.shape:
             raise ValueError(f"predictions {predictions.shape} and targets {targets.shape} differ")
         scored = targets != IGNORE_INDEX
         correct = (predictions == targets) & scored
-        accuracy = correct.sum() / scored.sum() if scored.any() else float("nan")
-        return {"accuracy": float(accuracy)}
+        return {"correct": correct.sum(axis=0), "scored": scored.sum(axis=0)}
 
-    def baselines(self, dataset: Dataset, split: str) -> dict[str, float]:
-        """Accuracies of simple rules on ``dataset`` (the evaluation data of ``split``).
+    def metrics_from(self, tally: dict[str, np.ndarray], split: str) -> dict[str, Any]:
+        """Scores from a tally summed over a split's evaluation data.
 
-        Each entry names a rule that needs no learning (``chance``: guessing uniformly among
-        the possible answers; or a task-specific shortcut) and its accuracy on the scored
-        positions, on the same scale as ``metrics(...)["accuracy"]``, so that a model's score
-        can be read against them. The default is no baselines.
+        Returns at least {"accuracy": float in [0, 1], "scored": the number of scored
+        positions} (the count gives a rate its binomial interval); subclasses add
+        task-specific entries, which must be small and JSON-serialisable (numbers, strings,
+        short lists of numbers).
+        """
+        correct, scored = int(tally["correct"].sum()), int(tally["scored"].sum())
+        return {"accuracy": correct / scored if scored else float("nan"), "scored": scored}
+
+    def metrics(self, predictions: np.ndarray, targets: np.ndarray, split: str) -> dict[str, Any]:
+        """Scores of argmax predictions [N, L] against targets [N, L] in one go."""
+        return self.metrics_from(self.tally(predictions, targets, split), split)
+
+    def baselines(self, dataset: Dataset, split: str) -> dict[str, Any]:
+        """Simple rules that need no learning, by name, on ``dataset`` (evaluation data of
+        ``split``), so that a model's accuracy can be read against them.
+
+        Each value is the rule's accuracy where it is known exactly (``chance``: guessing
+        uniformly among the possible answers), or the rule's predictions [N, L], which are
+        scored exactly as a model's are, on the same data. The default is no baselines.
         """
         return {}
+
+    def baseline_scores(self, dataset: Dataset, split: str) -> dict[str, float]:
+        """The accuracy of every baseline on ``dataset``."""
+        return {name: rule if np.isscalar(rule) else
+                self.metrics(rule, dataset.targets, split)["accuracy"]
+                for name, rule in self.baselines(dataset, split).items()}
 
 
 TASKS = Registry("task", "pathbench.tasks", Task)

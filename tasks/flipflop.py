@@ -90,8 +90,8 @@ class FlipFlop(Task):
         targets[:, 1::2] = IGNORE_INDEX
         return inputs, targets
 
-    def metrics(self, predictions, targets, split):
-        metrics = super().metrics(predictions, targets, split)
+    def metrics_from(self, tally, split):
+        metrics = super().metrics_from(tally, split)
         metrics["error"] = 100.0 * (1.0 - metrics["accuracy"])
         return metrics
 

@@ -112,10 +112,9 @@ class WordProblem(Task):
             products[:, t] = self._table[products[:, t - 1], elements[:, t]]
         return elements, products
 
-    def metrics(self, predictions, targets, split):
-        metrics = super().metrics(predictions, targets, split)
-        correct = np.asarray(predictions) == np.asarray(targets)  # every position is scored
-        by_position = correct.mean(axis=0)
+    def metrics_from(self, tally, split):
+        metrics = super().metrics_from(tally, split)
+        by_position = tally["correct"] / np.maximum(tally["scored"], 1)  # every position scored
         below = np.flatnonzero(by_position < self.solved_threshold)
         metrics["last_accuracy"] = float(by_position[-1])
         metrics["accuracy_by_position"] = by_position.tolist()

@@ -186,11 +186,14 @@ def test_sweep_file_errors_name_the_problem(tmp_path):
         find_sweep_file("nosuch")
 
 
-def _fake_record(config, accuracy):
+def _fake_record(config, accuracy, test=None):
+    """A finished run whose val accuracy is ``accuracy`` (and test accuracy ``test``, or the
+    same)."""
     return {"run_id": run_id(config), "status": "ok", "reason": None, "steps": 1,
             "primary_metric": "accuracy", "solved_threshold": 0.9,
-            "metrics": {"test": {"accuracy": accuracy}}, "config": config,
-            "provenance": {"wall_time_s": 0.1}}
+            "validation": {"accuracy": accuracy},
+            "metrics": {"test": {"accuracy": accuracy if test is None else test}},
+            "config": config, "provenance": {"wall_time_s": 0.1}}
 
 
 def test_runs_start_longest_first_then_seed_by_seed():
@@ -255,6 +258,57 @@ def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path, capsys):
     assert len(solved_cells(load_frame(tmp_path))) == 1
     minimum = min_layers_table(table).set_index("model")["min_layers"].to_dict()
     assert minimum == {"path": "2", "rope": ">3"}
+
+
+def test_scrambled_test_labels_change_no_decision(tmp_path, capsys):
+    """Validation decides, test reports: with every test score of a finished sweep replaced by
+    noise, the learning rates picked, the cells solved for --until-solved and the runs the sweep
+    would train or skip stay the same; only the reported numbers move."""
+    grid = Grid(task="a5", models=["path", "rope"], layers=[1, 2, 3], lrs=[1e-3, 3e-4],
+                seeds=[0, 1, 2], sets=["task.length=8"], until_solved=True)
+    rng = __import__("random").Random(0)
+    for config in grid.configs("cpu"):
+        model, layers, lr = (config["model"]["attention"], config["model"]["layers"],
+                             config["train"]["lr"])
+        val = 0.95 if model == "path" and layers >= 2 and lr == 3e-4 else 0.3 + 0.1 * layers
+        if model == "path" and layers == 3:
+            continue  # the sweep skipped these: path solved at 2 layers
+        store.write_json_atomic(tmp_path / run_id(config) / "result.json",
+                                _fake_record(config, val, test=val - 0.01))
+
+    def decisions():
+        table = aggregate(load_frame(tmp_path))
+        picked = sorted(zip(table["cell"], table["lr"]))
+        return picked, solved_cells(load_frame(tmp_path)), _dry_run(grid, tmp_path, capsys)
+
+    before = decisions()
+    for path in tmp_path.glob("*/result.json"):
+        record = json.loads(path.read_text())
+        record["metrics"]["test"]["accuracy"] = rng.random()  # labels scrambled: test is noise
+        store.write_json_atomic(path, record)
+    assert decisions() == before
+    assert before[1] and before[2]["skip"] == 6  # something was decided: path at 3 layers
+
+
+def test_solved_needs_two_thirds_of_the_seeds(tmp_path):
+    grid = Grid(task="a5", models=["path"], layers=[2], seeds=[0, 1, 2], sets=["task.length=8"])
+    for config, accuracy in zip(grid.configs("cpu"), [0.95, 0.97, 0.2]):
+        store.write_json_atomic(tmp_path / run_id(config) / "result.json",
+                                _fake_record(config, accuracy))
+    table = aggregate(load_frame(tmp_path))
+    assert table["solved"].tolist() == [True] and table["val_solved"].tolist() == [True]
+    assert table["test"].iloc[0] == pytest.approx((0.95 + 0.97 + 0.2) / 3)  # mean below 0.9
+    assert table["test_std"].iloc[0] == pytest.approx(
+        __import__("statistics").stdev([0.95, 0.97, 0.2]))  # sample sd, n - 1
+
+
+def test_wilson_interval():
+    from pathbench.runners.report import wilson_interval
+
+    low, high = wilson_interval(0.0, 1_000_000)
+    assert low == 0.0 and high == pytest.approx(3.84e-6, rel=1e-2)  # 1.96^2 / n
+    low, high = wilson_interval(0.5, 100)
+    assert (round(low, 4), round(high, 4)) == (0.4038, 0.5962)
 
 
 def test_a_model_goes_deeper_without_waiting_for_others_and_gating_packs_go_first(tmp_path):

@@ -85,4 +85,4 @@ def test_error_is_the_percentage_of_wrong_reads():
 
 def test_chance_baseline_is_a_guessed_bit():
     task = make_task("flipflop", {"length": 16})
-    assert task.baselines(task.generate(10, seed=0, split="val"), "val") == {"chance": 0.5}
+    assert task.baseline_scores(task.generate(10, seed=0, split="val"), "val") == {"chance": 0.5}

@@ -186,7 +186,7 @@ def test_malformed_splits_name_the_task_class(splits, words):
 
 def test_tasks_have_no_baselines_unless_they_define_them():
     task = LegacyCount()
-    assert task.baselines(task.generate(4, seed=0, split="test"), "test") == {}
+    assert task.baseline_scores(task.generate(4, seed=0, split="test"), "test") == {}
 
 
 @pytest.mark.parametrize(

@@ -106,7 +106,7 @@ def test_the_latest_mention_shortcut_is_only_the_latest_assignment(n_back):
     for row in range(len(dataset)):
         row_correct, row_scored = latest_mention_rule(*decode(dataset, row))
         correct, scored = correct + row_correct, scored + row_scored
-    baselines = task.baselines(dataset, "test")
+    baselines = task.baseline_scores(dataset, "test")
     assert correct / scored == baselines["latest_assignment"]
     if n_back == 1:
         assert correct == scored
@@ -133,7 +133,7 @@ def brute_force_latest_assignment(dataset):
 def test_baselines_are_recounted_by_hand(n_back):
     task = make_task("mqrar", {"n_back": n_back, "num_keys": 3, "num_values": 5, "length": 61})
     dataset = task.generate(300, seed=4, split="val")
-    baselines = task.baselines(dataset, "val")
+    baselines = task.baseline_scores(dataset, "val")
     assert set(baselines) == {"chance", "latest_assignment"}
     assert baselines["chance"] == 1 / 5
     assert baselines["latest_assignment"] == brute_force_latest_assignment(dataset)

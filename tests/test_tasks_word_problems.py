@@ -131,11 +131,18 @@ def test_solved_length_is_the_prefix_of_positions_at_least_90_percent_right(erro
     assert metrics["accuracy_by_position"] == pytest.approx([1 - e / 20 for e in errors])
     assert metrics["last_accuracy"] == pytest.approx(1 - errors[-1] / 20)
     assert metrics["accuracy"] == pytest.approx(1 - sum(errors) / 120)
-    assert set(metrics) == {"accuracy", "last_accuracy", "accuracy_by_position", "solved_length"}
+    assert metrics["scored"] == 120
+    assert set(metrics) == {"accuracy", "scored", "last_accuracy", "accuracy_by_position",
+                            "solved_length"}
+    # The same scores from the tallies of two halves, added: the runner's batched evaluation.
+    predictions = predictions_with_errors(targets, errors)
+    halves = [task.tally(predictions[rows], targets[rows], "val") for rows in (slice(0, 7), slice(7, 20))]
+    summed = {key: halves[0][key] + halves[1][key] for key in halves[0]}
+    assert task.metrics_from(summed, "val") == metrics
 
 
 @pytest.mark.parametrize("name", GROUPS)
 def test_chance_baseline_is_one_over_the_order(name):
     task = make_task(name, {"length": 3})
     dataset = task.generate(4, seed=0, split="test")
-    assert task.baselines(dataset, "test") == {"chance": 1 / ORDERS[name]}
+    assert task.baseline_scores(dataset, "test") == {"chance": 1 / ORDERS[name]}
