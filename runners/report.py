@@ -65,13 +65,12 @@ def _hashable(value):
 
 
 def load_frame(root: Path, only: set[str] | None = None) -> pd.DataFrame:
-    """Every run record under ``root`` (or only the named runs) as a frame, one row a run."""
+    """Every run record under ``root`` (or only the named runs) as a frame, one row a run;
+    ``root`` may also be a tar archive of run directories (see ``store.iter_results``)."""
     rows = []
-    for run_dir in store.find_run_dirs(root):
-        if only is None or run_dir.name in only:
-            record = store.read_result(run_dir)
-            record["run_dir"] = str(run_dir)
-            rows.append(record_row(record))
+    for run_dir, record in store.iter_results(root, only):
+        record["run_dir"] = str(run_dir)
+        rows.append(record_row(record))
     return pd.DataFrame(rows)
 
 

@@ -17,14 +17,23 @@ A ``result.json`` that cannot be parsed can only come from outside tampering or 
 Readers (``results``, ``plot``, ``inspect``) stop with a one-line error naming the file; a sweep
 instead moves the bad file aside to ``result.json.corrupt`` (so nothing is lost) and runs that
 configuration again.
+
+Finished runs can be shelved as one tar archive of run directories (``.tar``, ``.tar.gz``,
+``.tgz`` or ``.tar.xz``, weights left out). ``results`` and ``plot`` read the records in such an
+archive in place, without extracting it (``iter_results``); ``ARCHIVE/FOLDER`` reads only the run
+directories under FOLDER inside it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import os
-from pathlib import Path
+import tarfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pathbench import UserError
@@ -35,6 +44,8 @@ CURVE_FILE = "curve.jsonl"
 RESULT_FILE = "result.json"
 WEIGHTS_FILE = "model.pt"
 CORRUPT_SUFFIX = ".corrupt"
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz")
+RECORD_KEYS = ("status", "metrics", "config", "provenance")
 
 DEFAULT_OUT = Path("results/runs")
 
@@ -56,26 +67,35 @@ def read_json(path: Path) -> dict:
     """Read a JSON record; a damaged file is a UserError naming the file."""
     path = Path(path)
     try:
-        obj = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CorruptRecord(
-            f"{path} is not a valid record ({exc}); delete it (or its run directory) and "
-            f"rerun the sweep to redo that run"
-        ) from None
+        text = path.read_bytes()
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    return parse_record(text, path, "; delete it (or its run directory) and rerun the sweep to "
+                                    "redo that run")
+
+
+def parse_record(data: bytes, where, hint: str = "") -> dict:
+    """The JSON object in ``data``, read from ``where``; CorruptRecord naming it if damaged."""
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorruptRecord(f"{where} is not a valid record ({exc}){hint}") from None
     if not isinstance(obj, dict):
-        raise CorruptRecord(f"{path} is not a valid record (expected a JSON object)")
+        raise CorruptRecord(f"{where} is not a valid record (expected a JSON object)")
     return obj
+
+
+def check_result(result: dict, where) -> dict:
+    """``result`` if it has the keys every result.json has; else CorruptRecord naming it."""
+    missing = [key for key in RECORD_KEYS if key not in result]
+    if missing:
+        raise CorruptRecord(f"{where} is not a valid record (missing keys: {', '.join(missing)})")
+    return result
 
 
 def read_result(run_dir: Path) -> dict:
     path = Path(run_dir) / RESULT_FILE
-    result = read_json(path)
-    missing = [key for key in ("status", "metrics", "config", "provenance") if key not in result]
-    if missing:
-        raise CorruptRecord(f"{path} is not a valid record (missing keys: {', '.join(missing)})")
-    return result
+    return check_result(read_json(path), path)
 
 
 def is_done(run_dir: Path) -> bool:
@@ -103,6 +123,51 @@ def find_run_dirs(root: Path) -> list[Path]:
     if (root / RESULT_FILE).exists():
         return [root]
     return sorted(path.parent for path in root.rglob(RESULT_FILE))
+
+
+def split_archive_path(path: Path) -> tuple[Path, PurePosixPath] | None:
+    """(archive, folder inside it) when ``path`` names a tar archive of run directories or a
+    folder inside one (``runs.tar.xz/a5_long``); None for anything else."""
+    path = Path(path)
+    for candidate in (path, *path.parents):
+        if candidate.name.endswith(ARCHIVE_SUFFIXES) and candidate.is_file():
+            return candidate, PurePosixPath(path.relative_to(candidate).as_posix())
+        if candidate.exists():
+            return None
+    return None
+
+
+def iter_results(root: Path, only: set[str] | None = None) -> Iterator[tuple[Path, dict]]:
+    """(run directory, record) for every run under ``root`` that has a result.json, in a stable
+    order: ``root`` is a directory of run directories (or one run directory), a tar archive of
+    them, or a folder inside such an archive. An archive is read in place, never extracted.
+    ``only``: just the runs of these names (directory names). A damaged record is a
+    CorruptRecord naming it, as for read_result."""
+    archive = split_archive_path(root)
+    if archive is None:
+        for run_dir in find_run_dirs(root):
+            if only is None or run_dir.name in only:
+                yield run_dir, read_result(run_dir)
+        return
+    path, folder = archive
+    records = []
+    try:
+        with tarfile.open(path, "r|*") as tar:
+            for member in tar:  # one pass, in archive order (a stream: no seeking)
+                name = PurePosixPath(member.name.removeprefix("./"))
+                run_dir = name.parent
+                wanted = (member.isfile() and name.name == RESULT_FILE
+                          and (run_dir == folder or folder in run_dir.parents)
+                          and (only is None or run_dir.name in only))
+                if not wanted:
+                    continue
+                where = f"{path}/{name}"
+                data = tar.extractfile(member).read()
+                records.append((run_dir, check_result(parse_record(data, where), where)))
+    except (tarfile.TarError, EOFError, OSError, lzma.LZMAError, zlib.error) as exc:
+        raise UserError(f"cannot read the archive {path}: {exc}") from None
+    for run_dir, record in sorted(records, key=lambda item: item[0].parts):
+        yield path / run_dir, record
 
 
 class CurveWriter:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from pathlib import PurePosixPath
 
 import pytest
 
@@ -146,6 +147,94 @@ def test_corrupt_record_is_a_one_line_error_naming_the_file(tmp_path):
     aside = store.set_aside_corrupt(run_dir)
     assert aside.name == "result.json.corrupt" and aside.exists()
     assert not store.is_done(run_dir)
+
+
+def _archive(source, archive, arcname):
+    import tarfile
+
+    mode = {".xz": "w:xz", ".gz": "w:gz", ".tar": "w"}[archive.suffix]
+    with tarfile.open(archive, mode) as tar:
+        tar.add(source, arcname=arcname)
+    return archive
+
+
+def _pathbench(capsys, *args) -> tuple[int, str, str]:
+    from pathbench.runners.cli import main
+
+    try:
+        main([str(arg) for arg in args])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_results_and_plot_read_an_archive_of_runs_as_the_directory(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    grid = Grid(task="a5", models=["path", "rope"], layers=[1, 2], lrs=[1e-3, 3e-4],
+                seeds=[0, 1], sets=["task.length=8"])
+    for i, config in enumerate(grid.configs("cpu")):
+        store.write_json_atomic(runs / run_id(config) / "result.json",
+                                _fake_record(config, 0.3 + 0.02 * i))
+        store.write_text_atomic(runs / run_id(config) / "curve.jsonl", "{}\n")
+    other = next(iter(Grid(task="z60", models=["path"], seeds=[0]).configs("cpu")))
+    store.write_json_atomic(tmp_path / "probe" / run_id(other) / "result.json",
+                            _fake_record(other, 0.95))
+    archives = [_archive(runs, tmp_path / "runs.tar.xz", "runs"),
+                _archive(runs, tmp_path / "runs.tar.gz", "./runs"),
+                _archive(runs, tmp_path / "runs.tar", "runs")]
+
+    def outputs(path, name):
+        tables = [_pathbench(capsys, "results", path, *options) for options in
+                  ([], ["--format", "csv"], ["--runs", "--format", "markdown"], ["--all-lrs"])]
+        code, _, stderr = _pathbench(capsys, "plot", path, "-o", tmp_path / name / "a5")
+        assert code == 0, stderr
+        return tables, (tmp_path / name / "a5.md").read_text()
+
+    expected = outputs(runs, "from-directory")
+    assert all(code == 0 for code, _, _ in expected[0]) and "| path |" in expected[1]
+    for archive in archives:
+        assert outputs(archive, "from-" + archive.name) == expected
+        assert store.split_archive_path(archive / "runs") == (archive, PurePosixPath("runs"))
+        assert outputs(archive / "runs", "from-folder-" + archive.name) == expected
+    assert sorted(name for name, _ in store.iter_results(archives[0])) == sorted(
+        archives[0] / "runs" / run_dir.name for run_dir, _ in store.iter_results(runs))
+
+    # a folder inside the archive reads only the runs under it
+    both = tmp_path / "both.tar.xz"
+    import tarfile
+
+    with tarfile.open(both, "w:xz") as tar:
+        tar.add(runs, arcname="runs")
+        tar.add(tmp_path / "probe", arcname="probe")
+    assert len(load_frame(both)) == len(grid.configs("cpu")) + 1
+    assert list(load_frame(both / "probe")["task"]) == ["z60"]
+    assert outputs(both / "runs", "both-runs") == expected
+    code, _, stderr = _pathbench(capsys, "results", both / "nosuch")
+    assert code == 2 and "no run records (result.json) under" in stderr
+
+
+def test_corrupt_record_in_an_archive_is_a_one_line_error_naming_it(tmp_path, capsys):
+    config = next(iter(Grid(task="a5", models=["path"], seeds=[0]).configs("cpu")))
+    run_dir = tmp_path / "runs" / run_id(config)
+    store.write_json_atomic(run_dir / "result.json", _fake_record(config, 0.5))
+    good = _archive(tmp_path / "runs", tmp_path / "good.tar.gz", "runs")
+    (run_dir / "result.json").write_text('{"status": "ok", "metr')  # half-written
+    bad = _archive(tmp_path / "runs", tmp_path / "runs.tar.xz", "runs")
+    for command in (["results", bad], ["plot", bad, "-o", tmp_path / "figure"]):
+        code, _, stderr = _pathbench(capsys, *command)
+        assert code == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr
+        assert f"{bad}/runs/{run_dir.name}/result.json is not a valid record" in stderr
+    (run_dir / "result.json").write_text('{"status": "ok"}')  # valid JSON, not a record
+    bad = _archive(tmp_path / "runs", tmp_path / "runs.tar.xz", "runs")
+    with pytest.raises(store.CorruptRecord, match="missing keys: metrics, config, provenance"):
+        load_frame(bad)
+    truncated = tmp_path / "truncated.tar.gz"  # a damaged archive, not a damaged record
+    truncated.write_bytes(good.read_bytes()[:60])
+    code, _, stderr = _pathbench(capsys, "results", truncated)
+    assert code == 2 and stderr.count("\n") == 1
+    assert f"cannot read the archive {truncated}" in stderr
 
 
 # --- sweep files and --until-solved -------------------------------------------------------------
