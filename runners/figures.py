@@ -2,14 +2,20 @@
 
 The panel kind follows from what varies among a task's runs:
 
-- the layer count -> accuracy against layers, a line per model (mean over seeds at the best
-  learning rate, shaded min..max over seeds), with the solved threshold as a dashed line;
+- the layer count and the sequence length (word problems) -> the minimum depth that solves the
+  task against length, a line per model, beside accuracy against layers at the longest length;
+- the layer count and the head count -> a heatmap of accuracy over layers x heads per model;
+- the layer count -> accuracy against layers, a line per model;
 - otherwise one task setting (e.g. mqrar's n_back) -> accuracy against that setting;
-- otherwise -> a bar per model and evaluation split (flip-flop's Table 1), showing the error in
+- otherwise -> a bar per model and test split (flip-flop's Table 1), showing the error in
   percent where the task reports one.
 
-Each panel also becomes a markdown table, and tasks with a solved threshold get the
-minimum-layers-to-solve table; all tables are printed and written to FILE.md.
+Every value is at the learning rate that val picked (`pathbench.runners.report`); lines show the
+mean over seeds and every seed as a point, bars the mean and the min..max over seeds. A cell
+that did not run (a depth --until-solved skipped) gets no point and no line through it. The
+solved threshold and the task's baselines (chance, and e.g. mqrar's latest assignment) are
+drawn in every panel that has them; a model has the same colour in every figure. Each panel
+also becomes a markdown table; all tables are printed and written to FILE.md.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from pathbench.runners.report import (
 # path_fox), so that a model looks the same in every figure; other models take FALLBACK_COLOURS.
 BUILTIN_COLOURS = ["#7f7f7f", "#1f77b4", "#2ca02c", "#ff7f0e", "#d62728", "#9467bd"]
 FALLBACK_COLOURS = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78"]
+BASELINE_STYLES = ["--", "-.", (0, (1, 2)), (0, (5, 2, 1, 2))]
 
 
 def colour(model: str, models: list[str]) -> str:
@@ -49,71 +56,211 @@ def colour(model: str, models: list[str]) -> str:
     return FALLBACK_COLOURS[others.index(model) % len(FALLBACK_COLOURS)]
 
 
+def _single(runs: pd.DataFrame, column: str):
+    values = runs[column].dropna().unique() if column in runs else []
+    return tidy(values[0]) if len(values) == 1 else None
+
+
 def plan_panels(frame: pd.DataFrame) -> list[dict]:
     """(title, kind, x column, runs) for every panel, in task order. Settings that vary other
-    than the x axis, the model and the head count split a task into several panels."""
+    than the panel's axes and the model split a task into several panels."""
     panels = []
     for task, runs in frame.groupby("task", sort=True):
         varying = varying_config_columns(runs)
         if runs["d_model"].nunique() > 1:
             varying.append("d_model")
         task_keys = [c for c in varying if c.startswith("task.")]
-        if runs["layers"].nunique() > 1:
-            kind, x = "lines", "layers"
+        depths, heads = runs["layers"].nunique() > 1, runs["heads"].nunique() > 1
+        if depths and "task.length" in task_keys:
+            kinds, axes = [("depth_vs_length", "task.length"), ("lines", "layers")], ["task.length"]
+        elif depths and heads:
+            kinds, axes = [("heatmap", "layers")], []
+        elif depths:
+            kinds, axes = [("lines", "layers")], []
         elif task_keys:
-            kind, x = "lines", task_keys[0]
+            kinds, axes = [("lines", task_keys[0])], [task_keys[0]]
         else:
-            kind, x = "bars", None
-        split_by = [c for c in varying if c != x]
+            kinds, axes = [("bars", None)], []
+        split_by = [c for c in varying if c not in axes]
         groups = runs.groupby(split_by, sort=True, dropna=False) if split_by else [((), runs)]
         for values, group in groups:
             values = values if isinstance(values, tuple) else (values,)
-            suffix = ", ".join(f"{k.split('.')[-1]}={tidy(v)}" for k, v in zip(split_by, values))
-            title = f"{task} ({suffix})" if suffix else task
-            panels.append(dict(title=title, kind=kind, x=x, runs=group))
+            named = ", ".join(f"{k.split('.')[-1]}={tidy(v)}" for k, v in zip(split_by, values))
+            for kind, x in kinds:
+                shown = group
+                if kind == "lines" and x == "layers" and "task.length" in axes:
+                    longest = group["task.length"].max()  # accuracy against depth at one length
+                    shown = group[group["task.length"] == longest]
+                if kind == "heatmap":  # a panel per model
+                    for model in model_order(group["model"]):
+                        own = group[group["model"] == model]
+                        panels.append(dict(title=f"{_title(task, named, own)}: {model}",
+                                           kind=kind, x=x, runs=own))
+                    continue
+                panels.append(dict(title=_title(task, named, shown), kind=kind, x=x, runs=shown))
     return panels
 
 
-def _series_label(model: str, heads, several_heads: bool) -> str:
-    return f"{model}, {heads} heads" if several_heads else model
+def _title(task: str, named: str, runs: pd.DataFrame) -> str:
+    """The task, the settings that split its panels, its length and its step budget."""
+    parts = [named] if named else []
+    length = _single(runs, "task.length")
+    if length is not None:
+        parts.append(f"length {length}")
+    steps = _single(runs, "train.steps")
+    if steps is not None:
+        parts.append(f"{steps:,} steps")
+    return f"{task} ({', '.join(parts)})" if parts else task
+
+
+def _picked_runs(runs: pd.DataFrame, row) -> pd.DataFrame:
+    """The runs of a table row's cell at the learning rate val picked."""
+    return runs[(runs["cell"] == row["cell"]) & (runs["lr"] == row["lr"])]
+
+
+def _spread_note(table: pd.DataFrame) -> str:
+    seeds = sorted(set(table["ok"]))
+    counts = "/".join(map(str, seeds)) if seeds else "0"
+    return (f"Learning rate picked on val; mean over the seeds that finished (n = {counts}); "
+            f"spread: min..max over seeds in figures, sample standard deviation (n - 1) in "
+            f"tables.")
+
+
+def draw_baselines(ax, runs: pd.DataFrame, split: str, x: str | None) -> list[dict]:
+    """The task's baselines on ``split``: a dashed line each (over x, when it varies with x);
+    their values, for the panel's table."""
+    rows = []
+    prefix = f"baseline:{split}:"
+    for number, column in enumerate(c for c in runs.columns if c.startswith(prefix)):
+        name = column[len(prefix):].replace("_", " ")
+        style = dict(color="black", lw=1, alpha=0.6,
+                     ls=BASELINE_STYLES[number % len(BASELINE_STYLES)], label=name)
+        if x is None:
+            value = runs[column].mean()
+            ax.axhline(value, **style)
+            rows.append({"model": f"baseline: {name}", "value": f"{value:.3g}"})
+        else:
+            values = runs.groupby(x)[column].mean()
+            if values.nunique() == 1 or x == "layers":
+                ax.axhline(values.mean(), **style)
+            else:
+                ax.plot(values.index, values.values, marker="x", ms=4, **style)
+            rows.append({"model": f"baseline: {name}",
+                         **{_x_label(x, v): f"{m:.3f}" for v, m in values.items()}})
+    return rows
+
+
+def _x_label(x: str, value) -> str:
+    return f"{x.split('.')[-1]}={tidy(value)}"
 
 
 def draw_lines(ax, panel: dict) -> str:
     runs, x = panel["runs"], panel["x"]
     table = aggregate(runs)
     table[x] = [runs.loc[runs["cell"] == cell, x].iloc[0] for cell in table["cell"]]
-    headline = table["headline"].iloc[0]
-    metric = table["metric"].iloc[0]
+    headline, metric = table["headline"].iloc[0], table["metric"].iloc[0]
+    grid = sorted(table[x].unique())
     several_heads = table["heads"].nunique() > 1
     models = model_order(table["model"])
     markdown_rows = []
     for model in models:
         for heads, cells in table[table["model"] == model].groupby("heads"):
             cells = cells.sort_values(x)
-            label = _series_label(model, heads, several_heads)
-            ax.plot(cells[x], cells[headline], marker="o", lw=1.8, ms=4, label=label,
-                    color=colour(model, models), ls="-" if heads == table["heads"].max() else "--")
-            ax.fill_between(cells[x], cells[f"{headline}_min"], cells[f"{headline}_max"],
-                            color=colour(model, models), alpha=0.15, lw=0)
-            markdown_rows.append({"model": label, **{f"{x.split('.')[-1]}={tidy(v)}": f"{m:.3f}"
-                                  for v, m in zip(cells[x], cells[headline])}})
+            label = f"{model}, {heads} heads" if several_heads else model
+            colour_ = colour(model, models)
+            # NaN where a cell did not run: the line breaks there instead of bridging it
+            means = cells.set_index(x)[headline].reindex(grid)
+            ax.plot(grid, means.values, marker="o", lw=1.8, ms=4, label=label, color=colour_,
+                    ls="-" if heads == table["heads"].max() else "--")
+            for _, row in cells.iterrows():
+                seeds = _picked_runs(runs, row)[f"{headline}:{metric}"].dropna()
+                ax.scatter([row[x]] * len(seeds), seeds, s=9, color=colour_, alpha=0.45, lw=0)
+            sds = cells.set_index(x)[f"{headline}_std"].reindex(grid)
+            markdown_rows.append({"model": label, **{
+                _x_label(x, v): "" if np.isnan(m) else f"{m:.3f}" if np.isnan(sd)
+                else f"{m:.3f} ± {sd:.2g}" for v, m, sd in zip(grid, means, sds)}})
+    markdown_rows += draw_baselines(ax, runs, headline, x)
     threshold = table["solved_threshold"].dropna()
     if len(threshold):
         ax.axhline(threshold.iloc[0], color="black", ls=":", lw=1,
                    label=f"solved ({threshold.iloc[0]:.0%})")
     ax.set_xlabel("layers" if x == "layers" else x.split(".", 1)[1])
-    ax.set_xticks(sorted(table[x].unique()))
+    ax.set_xticks(grid)
     ax.set_ylabel(f"{metric} ({headline})")
     ax.set_ylim(-0.02, 1.02) if metric == "accuracy" else None
     ax.grid(alpha=0.3)
     title = f"{panel['title']}: {metric} ({headline}) against {ax.get_xlabel()}"
-    text = f"## {title}\n\nMean over seeds at the best learning rate.\n\n"
+    text = f"## {title}\n\n{_spread_note(table)}\n\n"
     text += to_markdown(pd.DataFrame(markdown_rows).fillna(""))
     if x == "layers" and len(threshold):
-        text += "\n\n## " + panel["title"] + ": minimum layers to solve " \
-                f"({metric} >= {threshold.iloc[0]:g} on {headline})\n\n"
+        text += (f"\n\n## {panel['title']}: minimum layers to solve (two thirds of the seeds "
+                 f"at {metric} >= {threshold.iloc[0]:g} on {headline})\n\n")
         text += to_markdown(min_layers_table(table))
     return text
+
+
+def draw_depth_vs_length(ax, panel: dict) -> str:
+    """The fewest layers that solve the task at each length, a line per model; a model that
+    does not solve a length within the depths run is marked above the deepest, open."""
+    runs = panel["runs"]
+    minimum = []
+    for length, group in runs.groupby("task.length"):
+        table = min_layers_table(aggregate(group))
+        minimum += [{**row, "length": tidy(length)} for row in table.to_dict("records")]
+    minimum = pd.DataFrame(minimum)
+    deepest = int(runs["layers"].max())
+    lengths = sorted(minimum["length"].unique())
+    models = model_order(minimum["model"])
+    several_heads = minimum["heads"].nunique() > 1
+    rows = []
+    for model in models:
+        for heads, cells in minimum[minimum["model"] == model].groupby("heads"):
+            found = cells.set_index("length")["min_layers"].reindex(lengths)
+            solved = [float(v) if isinstance(v, str) and v.isdigit() else np.nan for v in found]
+            label = f"{model}, {heads} heads" if several_heads else model
+            ax.plot(lengths, solved, marker="o", lw=1.8, ms=4, color=colour(model, models),
+                    label=label)
+            beyond = [length for length, v in zip(lengths, found) if isinstance(v, str)
+                      and v.startswith(">")]
+            ax.scatter(beyond, [deepest + 0.5] * len(beyond), marker="^", s=24,
+                       facecolors="none", edgecolors=colour(model, models))
+            rows.append({"model": label, **{f"length={v}": found[v] if isinstance(found[v], str)
+                                            else "" for v in lengths}})
+    ax.set_xlabel("length")
+    ax.set_xticks(lengths)
+    ax.set_ylabel("minimum layers to solve")
+    ax.set_yticks(range(1, deepest + 1))
+    ax.set_ylim(0.5, deepest + 0.9)
+    ax.grid(alpha=0.3)
+    threshold = runs["solved_threshold"].dropna()
+    line = f"{threshold.iloc[0]:g}" if len(threshold) else "its threshold"
+    text = (f"## {panel['title']}: minimum layers to solve against length\n\n"
+            f"Solved: two thirds of the seeds at or above {line} on test, at the learning rate "
+            f"val picked; >N: not solved up to N layers (drawn open above the deepest).\n\n")
+    return text + to_markdown(pd.DataFrame(rows))
+
+
+def draw_heatmap(ax, panel: dict) -> str:
+    """One model's accuracy over layers x heads; a cell that did not run stays blank."""
+    table = aggregate(panel["runs"])
+    headline, metric = table["headline"].iloc[0], table["metric"].iloc[0]
+    grid = table.pivot_table(index="heads", columns="layers", values=headline)
+    image = ax.imshow(grid.values, origin="lower", vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    for (i, j), value in np.ndenumerate(grid.values):
+        if not np.isnan(value):
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if value < 0.6 else "black")
+    ax.set_xticks(range(len(grid.columns)), [tidy(v) for v in grid.columns])
+    ax.set_yticks(range(len(grid.index)), [tidy(v) for v in grid.index])
+    ax.set_xlabel("layers")
+    ax.set_ylabel("heads")
+    ax.figure.colorbar(image, ax=ax, label=f"{metric} ({headline})")
+    shown = grid.copy()
+    shown.columns = [f"layers={tidy(v)}" for v in grid.columns]
+    shown = shown.reset_index().map(lambda v: "" if isinstance(v, float) and np.isnan(v)
+                                    else f"{v:.3f}" if isinstance(v, float) else v)
+    return (f"## {panel['title']}, {metric} ({headline}) over layers x heads\n\n"
+            f"{_spread_note(table)}\n\n{to_markdown(shown)}")
 
 
 def draw_bars(ax, panel: dict) -> str:
@@ -122,6 +269,7 @@ def draw_bars(ax, panel: dict) -> str:
     metric = "error" if has_error else None
     table = aggregate(runs, metric)
     metric = table["metric"].iloc[0]
+    unit = " (%)" if metric == "error" else ""
     splits = list(dict.fromkeys(s for split_list in runs["splits"] for s in split_list))
     models = model_order(table["model"])
     width = 0.8 / max(1, len(models))
@@ -132,28 +280,41 @@ def draw_bars(ax, panel: dict) -> str:
         means = np.array([row.get(split, np.nan) for split in splits], dtype=float)
         low = means - np.array([row.get(f"{s}_min", np.nan) for s in splits], dtype=float)
         high = np.array([row.get(f"{s}_max", np.nan) for s in splits], dtype=float) - means
-        bars = ax.bar(positions + (i - (len(models) - 1) / 2) * width, means, width,
-                      yerr=[low, high], capsize=2, color=colour(model, models), label=model,
-                      error_kw={"lw": 0.8})
+        offset = (i - (len(models) - 1) / 2) * width
+        bars = ax.bar(positions + offset, means, width, yerr=[low, high], capsize=2,
+                      color=colour(model, models), label=model, error_kw={"lw": 0.8})
+        for j, split in enumerate(splits):  # every seed a point
+            seeds = _picked_runs(runs, row)[f"{split}:{metric}"].dropna()
+            ax.scatter([positions[j] + offset] * len(seeds), seeds, s=6, color="black",
+                       alpha=0.5, lw=0, zorder=3)
         ax.bar_label(bars, labels=[_bar_text(m) for m in means], fontsize=6, padding=2,
                      rotation=90)
         markdown_rows.append({"model": model, **{
-            split: f"{row.get(split, np.nan):.3g} ± {row.get(f'{split}_std', np.nan):.2g}"
+            f"{split}{unit}": _mean_sd(row.get(split, np.nan), row.get(f"{split}_std", np.nan))
             for split in splits}})
     ax.set_xticks(positions, splits)
-    ax.set_ylabel(f"{metric}{' (%)' if metric == 'error' else ''}")
+    ax.set_ylabel(f"{metric}{unit}")
     ax.grid(axis="y", alpha=0.3)
     ax.margins(y=0.18)  # room for the rotated value labels
     title = f"{panel['title']}: {metric} per split"
-    text = (f"## {title}\n\nMean ± std over seeds at the best learning rate "
-            f"({metric}{' in %' if metric == 'error' else ''}).\n\n")
+    text = f"## {title}\n\n{_spread_note(table)}\n\n"
     return text + to_markdown(pd.DataFrame(markdown_rows))
+
+
+def _mean_sd(mean: float, sd: float) -> str:
+    if np.isnan(mean):
+        return ""
+    return f"{mean:.3g}" if np.isnan(sd) else f"{mean:.3g} ± {sd:.2g}"
 
 
 def _bar_text(value: float) -> str:
     if np.isnan(value):
         return ""
     return "0" if value == 0 else "<0.01" if abs(value) < 0.01 else f"{value:.2g}"
+
+
+DRAW = {"lines": draw_lines, "bars": draw_bars, "depth_vs_length": draw_depth_vs_length,
+        "heatmap": draw_heatmap}
 
 
 def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
@@ -166,8 +327,7 @@ def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
     texts = []
     for ax, panel in zip(axes, panels):
-        draw_panel = draw_lines if panel["kind"] == "lines" else draw_bars
-        texts.append(draw_panel(ax, panel))
+        texts.append(DRAW[panel["kind"]](ax, panel))
         ax.set_title(panel["title"], fontsize=10)
     for ax in axes[len(panels):]:
         ax.set_visible(False)

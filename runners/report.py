@@ -57,6 +57,9 @@ def record_row(record: dict) -> dict:
         for name, value in metrics.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 row[f"{split}:{name}"] = float(value)
+    for split, rules in (record.get("baselines") or {}).items():
+        for name, value in rules.items():
+            row[f"baseline:{split}:{name}"] = float(value)
     return row
 
 
@@ -182,8 +185,10 @@ def apply_filters(frame: pd.DataFrame, *, task=None, model=None, layers=None, he
 
 def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_text: bool = True
                   ) -> pd.DataFrame:
-    """The columns a reader wants, in order; per split "mean ± std" text or (``as_text``
-    False, for CSV) two numeric columns, SPLIT and SPLIT_std."""
+    """The columns a reader wants, in order; per test split "mean ± sd" text or (``as_text``
+    False, for CSV) two numeric columns, SPLIT and SPLIT_std (a sample standard deviation).
+    Per run, each rate with a count of scored positions also gets its 95% Wilson interval
+    (SPLIT:METRIC 95% CI). A metric in percent (error) has " (%)" in its columns' names."""
     config_columns = [*NAME_COLUMNS, *varying_config_columns(frame), "lr"]
     model_rank = {name: rank for rank, name in enumerate(model_order(table["model"]))}
     table = table.assign(_rank=table["model"].map(model_rank))
@@ -197,17 +202,48 @@ def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_te
     for column in config_columns[:-1]:  # integers that pandas turned into floats beside NaN
         shown[column] = [tidy(value) for value in shown[column]]
     if per_run:
-        return shown
+        return _with_intervals(shown, as_text)
     splits = list(dict.fromkeys(s for split_list in frame["splits"] for s in split_list))
     shown["ok/seeds"] = [f"{ok}/{seeds}" for ok, seeds in zip(table["ok"], table["seeds"])]
+    unit = " (%)" if set(table["metric"]) == {"error"} else ""
     for split in splits:
         if split not in table:
             continue
         if as_text:
-            shown[split] = [_mean_std(m, s) for m, s in zip(table[split], table[f"{split}_std"])]
+            shown[split + unit] = [_mean_std(m, s)
+                                   for m, s in zip(table[split], table[f"{split}_std"])]
         else:
-            shown[split], shown[f"{split}_std"] = table[split], table[f"{split}_std"]
+            shown[split + unit] = table[split]
+            shown[f"{split}_std{unit}"] = table[f"{split}_std"]
     return shown
+
+
+PERCENT_METRICS = {"error"}  # metrics a task reports in percent; the rest are fractions
+
+
+def _with_intervals(shown: pd.DataFrame, as_text: bool) -> pd.DataFrame:
+    """Per-run columns with units, and a Wilson interval beside each rate with a count."""
+    columns = {}
+    for column in shown.columns:
+        split, colon, metric = column.partition(":")
+        if not colon or split == "baseline":
+            columns[column] = shown[column]
+            continue
+        percent = metric in PERCENT_METRICS
+        columns[column + (" (%)" if percent else "")] = shown[column]
+        counts = shown.get(f"{split}:scored")
+        if metric in ("accuracy", *PERCENT_METRICS) and counts is not None:
+            scale = 100.0 if percent else 1.0
+            bounds = [wilson_interval(value / scale, int(n)) if value == value and n == n
+                      else (math.nan, math.nan) for value, n in zip(shown[column], counts)]
+            name = f"{column} 95% CI" + (" (%)" if percent else "")
+            if as_text:
+                columns[name] = ["" if math.isnan(low) else f"[{low * scale:.3g}, {high * scale:.3g}]"
+                                 for low, high in bounds]
+            else:
+                columns[name + " low"] = [low * scale for low, _ in bounds]
+                columns[name + " high"] = [high * scale for _, high in bounds]
+    return pd.DataFrame(columns)
 
 
 def builtin_models() -> list[str]:
@@ -233,6 +269,8 @@ def tidy(value):
 def _mean_std(mean: float, std: float) -> str:
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return ""
+    if std is None or math.isnan(std):  # one seed: no spread
+        return f"{mean:.4g}"
     return f"{mean:.4g} ± {std:.2g}"
 
 
@@ -305,4 +343,7 @@ def results(directory, task, model, layers, heads, status, metric, all_lrs, per_
         shown = display_table(table[table["task"] == name], task_frame, per_run)
         heading = f"### {name}\n" if fmt == "markdown" else f"{name}:"
         sections.append(f"{heading}\n{render(shown.drop(columns='task'), fmt)}")
-    click.echo("\n\n".join(sections))
+    note = ("one row per run; rates with their 95% Wilson interval" if per_run else
+            "learning rate picked on val (--all-lrs: every one); test splits: mean ± sample "
+            "standard deviation (n - 1) over the seeds that finished ok")
+    click.echo("\n\n".join(sections) + f"\n\n({note})")

@@ -1,0 +1,90 @@
+"""`pathbench plot`'s panels from made-up records: depth against length, heads x layers
+heatmaps, baselines, every seed drawn, and no line through a cell that did not run."""
+
+from __future__ import annotations
+
+import pytest
+
+from pathbench.runners import store
+from pathbench.runners.config import resolve_run, run_id
+from pathbench.runners.figures import draw, plan_panels
+from pathbench.runners.report import load_frame
+
+
+def _record(config, val, test, baselines=None):
+    return {"run_id": run_id(config), "status": "ok", "reason": None, "steps": 1,
+            "primary_metric": "accuracy", "solved_threshold": 0.9,
+            "validation": {"accuracy": val}, "metrics": {"test": {"accuracy": test}},
+            "baselines": {"test": baselines or {}}, "config": config,
+            "provenance": {"wall_time_s": 0.1}}
+
+
+def _write(out, task, model, layers, seed, val, test, sets=(), heads=None, baselines=None):
+    parsed = {"task": {}, "model": {}, "train": {"steps": "500"}}
+    for item in sets:
+        key, value = item.split("=")
+        section, name = key.split(".")
+        parsed[section][name] = value
+    config = resolve_run(task, options={"model": model, "layers": layers, "heads": heads},
+                         sets=parsed, seed=seed)
+    store.write_json_atomic(out / run_id(config) / "result.json",
+                            _record(config, val, test, baselines))
+    return config
+
+
+@pytest.fixture
+def word_problem_runs(tmp_path):
+    """a5 at lengths 8 and 16: path solves 8 at 1 layer and 16 at 2; rope solves 8 at 2 and not
+    16 within 3 layers. rope at 16 has no 2-layer runs (a cell that did not run)."""
+    for length in (8, 16):
+        for model in ("path", "rope"):
+            for layers in (1, 2, 3):
+                if model == "rope" and length == 16 and layers == 2:
+                    continue
+                need = {("path", 8): 1, ("path", 16): 2, ("rope", 8): 2}.get((model, length), 9)
+                for seed in range(3):
+                    accuracy = 0.95 if layers >= need else 0.3
+                    _write(tmp_path, "a5", model, layers, seed, accuracy, accuracy - 0.01 * seed,
+                           sets=[f"task.length={length}"],
+                           baselines={"chance": 1 / 60})
+    return tmp_path
+
+
+def test_word_problems_get_depth_against_length_and_accuracy_at_the_longest(word_problem_runs,
+                                                                           tmp_path):
+    panels = plan_panels(load_frame(word_problem_runs))
+    assert [panel["kind"] for panel in panels] == ["depth_vs_length", "lines"]
+    assert panels[1]["title"] == "a5 (length 16, 500 steps)"
+    _, tables = draw(load_frame(word_problem_runs), tmp_path / "figure" / "a5")
+    assert "| path | 1 | 2 |" in tables  # minimum layers at length 8 and 16
+    assert "| rope | 2 | >3 |" in tables
+    # at length 16, rope's 2-layer cell did not run: its row has no value there
+    assert "| rope | 0.290 ± 0.01 |  | 0.290 ± 0.01 |" in tables
+    assert "| baseline: chance | 0.017 | 0.017 | 0.017 |" in tables
+    assert (tmp_path / "figure" / "a5.png").stat().st_size > 0
+
+
+def test_heads_and_layers_get_a_heatmap_per_model(tmp_path):
+    for model in ("path", "rope"):
+        for layers in (1, 2):
+            for heads in (1, 2):
+                _write(tmp_path, "flipflop", model, layers, 0, 0.5 + 0.1 * layers * heads, 0.5,
+                       heads=heads, sets=["task.length=32"])
+    panels = plan_panels(load_frame(tmp_path))
+    assert [(p["kind"], p["title"]) for p in panels] == [
+        ("heatmap", "flipflop (length 32, 500 steps): rope"),  # the registry's order
+        ("heatmap", "flipflop (length 32, 500 steps): path")]
+    _, tables = draw(load_frame(tmp_path), tmp_path / "heads")
+    assert "over layers x heads" in tables
+
+
+def test_mqrar_panels_draw_baselines_that_vary_with_n(tmp_path):
+    for n_back in (1, 2):
+        for seed in range(2):
+            _write(tmp_path, "mqrar", "path", 2, seed, 0.9, 0.8,
+                   sets=[f"task.n_back={n_back}", "task.length=64", "task.num_keys=4"],
+                   baselines={"chance": 1 / 8, "latest_assignment": 1.0 if n_back == 1 else 0.13})
+    _, tables = draw(load_frame(tmp_path), tmp_path / "mqrar")
+    assert "| baseline: latest assignment | 1.000 | 0.130 |" in tables
+    assert "| baseline: chance | 0.125 | 0.125 |" in tables
+    assert "Learning rate picked on val" in tables
