@@ -186,3 +186,31 @@ def test_inductor_advice_that_does_not_apply_is_not_printed():
                              check=True).stderr
     assert "a warning of another kind" in printed
     assert "TensorFloat32" not in printed and "Online softmax" not in printed
+
+
+def test_evaluation_in_chunks_scores_every_sequence_once(monkeypatch):
+    """A split larger than a chunk is generated a chunk at a time (chunk c from seed c) and its
+    tallies add up to the metrics of all its sequences scored at once; its baselines too."""
+    import numpy as np
+
+    import pathbench.runners.train as training
+
+    monkeypatch.setattr(training, "EVAL_CHUNK", 7)
+    task = make_task("mqrar", {"length": 32, "num_keys": 4, "num_values": 8, "n_back": 2})
+    data = training.EvaluationSplit(task, "test", 17)
+    chunks = list(data.chunks())
+    assert [len(chunk) for chunk in chunks] == [7, 7, 3] and data.kept is None
+    for seed, chunk in enumerate(chunks):
+        assert np.array_equal(chunk.inputs, task.generate(len(chunk), seed, "test").inputs)
+    model = build_model(model_config({"attention": "nope", "vocab_size": len(task.vocab),
+                                      "layers": 1, "heads": 2, "d_model": 16}))
+    inputs = np.concatenate([chunk.inputs for chunk in chunks])
+    targets = np.concatenate([chunk.targets for chunk in chunks])
+    with torch.no_grad():
+        predictions = model(torch.from_numpy(inputs)).argmax(-1).numpy()
+    [metrics] = training.evaluate(model, 1, task, data, 5, torch.device("cpu"))
+    assert metrics == task.metrics(predictions, targets, "test")
+    _, baselines = training.hash_and_baselines(task, [data])
+    assert baselines["test"]["latest_assignment"] == task.metrics(
+        task.latest_assignment(inputs), targets, "test")["accuracy"]
+    assert baselines["test"]["chance"] == 1 / 8
