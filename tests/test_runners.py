@@ -242,8 +242,9 @@ def test_corrupt_record_in_an_archive_is_a_one_line_error_naming_it(tmp_path, ca
 
 def test_shipped_sweep_files_resolve():
     settings, grids = load_sweep_file(find_sweep_file("paper"))
+    assert settings["out"] == "results/runs/paper"  # under the ignored runs folder, never results/paper
     tasks = {grid.task for grid in grids}
-    assert tasks == {"flipflop", "a5", "z60", "mqrar"}
+    assert tasks == {"flipflop", "a5", "a4xz5", "z60", "mqrar"}
     flipflop = next(grid for grid in grids if grid.task == "flipflop")
     assert flipflop.models == ["nope", "rope", "sba", "fox", "path", "path_fox"]
     assert len(flipflop.seeds) >= 3
@@ -254,8 +255,17 @@ def test_shipped_sweep_files_resolve():
     n_back = {c["task"]["config"]["n_back"] for c in mqrar.configs("cuda")}
     assert n_back == {1, 2, 3, 4}
     # Word problems pack their two learning rates x three seeds; MQRAR fills the GPU alone.
-    assert {grid.task: grid.pack for grid in grids} == {"flipflop": 3, "a5": 6, "z60": 6,
-                                                        "mqrar": 1}
+    assert {grid.task: grid.pack for grid in grids} == {"flipflop": 3, "a5": 6, "a4xz5": 6,
+                                                        "z60": 6, "mqrar": 1}
+    # A5's depth is searched at every length of the ladder, each length its own chain.
+    a5 = next(grid for grid in grids if grid.task == "a5")
+    assert a5.until_solved and a5.grid == {"task.length": ["8", "12", "16", "20", "24"]}
+    for name in ("flipflop", "word_problems", "mqrar", "heads"):
+        file_settings, _ = load_sweep_file(find_sweep_file(name))
+        assert file_settings["out"].startswith("results/runs/")
+    _, heads = load_sweep_file(find_sweep_file("heads"))
+    assert [(grid.task, grid.heads) for grid in heads] == [("flipflop", [1, 2, 4]), ("a5", [1, 2, 4])]
+    assert len(heads[1].configs("cuda")) == 3 * 4 * 3 * 2 * 3  # models x layers x heads x lrs x seeds
 
 
 def test_sweep_file_errors_name_the_problem(tmp_path):
