@@ -34,6 +34,7 @@ from pathbench.runners.report import (
     aggregate,
     builtin_models,
     filter_options,
+    min_depth_by_length,
     min_layers_table,
     model_order,
     tidy,
@@ -203,31 +204,26 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
     """The fewest layers that solve the task at each length, a line per model; a model that
     does not solve a length within the depths run is marked above the deepest, open."""
     runs = panel["runs"]
-    minimum = []
-    for length, group in runs.groupby("task.length"):
-        table = min_layers_table(aggregate(group))
-        minimum += [{**row, "length": tidy(length)} for row in table.to_dict("records")]
-    minimum = pd.DataFrame(minimum)
+    minimum = min_depth_by_length(runs)
     deepest = int(runs["layers"].max())
-    lengths = sorted(minimum["length"].unique())
+    lengths = [c for c in minimum.columns if c.startswith("length=")]
+    xs = [int(c.split("=")[1]) for c in lengths]
     models = model_order(minimum["model"])
     several_heads = minimum["heads"].nunique() > 1
     rows = []
     for model in models:
         for heads, cells in minimum[minimum["model"] == model].groupby("heads"):
-            found = cells.set_index("length")["min_layers"].reindex(lengths)
-            solved = [float(v) if isinstance(v, str) and v.isdigit() else np.nan for v in found]
+            found = cells.iloc[0][lengths].tolist()
+            solved = [float(v) if str(v).isdigit() else np.nan for v in found]
             label = f"{model}, {heads} heads" if several_heads else model
-            ax.plot(lengths, solved, marker="o", lw=1.8, ms=4, color=colour(model, models),
+            ax.plot(xs, solved, marker="o", lw=1.8, ms=4, color=colour(model, models),
                     label=label)
-            beyond = [length for length, v in zip(lengths, found) if isinstance(v, str)
-                      and v.startswith(">")]
+            beyond = [x for x, v in zip(xs, found) if str(v).startswith(">")]
             ax.scatter(beyond, [deepest + 0.5] * len(beyond), marker="^", s=24,
                        facecolors="none", edgecolors=colour(model, models))
-            rows.append({"model": label, **{f"length={v}": found[v] if isinstance(found[v], str)
-                                            else "" for v in lengths}})
+            rows.append({"model": label, **dict(zip(lengths, found))})
     ax.set_xlabel("length")
-    ax.set_xticks(lengths)
+    ax.set_xticks(xs)
     ax.set_ylabel("minimum layers to solve")
     ax.set_yticks(range(1, deepest + 1))
     ax.set_ylim(0.5, deepest + 0.9)

@@ -165,6 +165,26 @@ def min_layers_table(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def min_depth_by_length(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per task, model and head count, the fewest layers that solve the task at each sequence
+    length of the runs (a column "length=N" each; ">N": not up to N layers)."""
+    lengths = frame["task.length"] if "task.length" in frame else pd.Series(None, frame.index)
+    found = []
+    for length, group in frame.groupby(lengths.fillna(-1), sort=True):
+        label = "min_layers" if length == -1 else f"length={tidy(length)}"
+        table = min_layers_table(aggregate(group))
+        found += [{**row, "column": label} for row in table.to_dict("records")]
+    if not found:
+        return pd.DataFrame()
+    wide = pd.DataFrame(found).pivot(index=["task", "model", "heads"], columns="column",
+                                     values="min_layers")
+    columns = sorted(wide.columns, key=lambda c: (len(c), c))  # length=8 before length=12
+    wide = wide[columns].reset_index().fillna("")
+    rank = {name: i for i, name in enumerate(model_order(wide["model"]))}
+    return wide.sort_values(["task", "model"], key=lambda c: c.map(rank) if c.name == "model"
+                            else c, kind="stable").reset_index(drop=True)
+
+
 def apply_filters(frame: pd.DataFrame, *, task=None, model=None, layers=None, heads=None,
                   status=None) -> pd.DataFrame:
     def names(text):
@@ -206,6 +226,12 @@ def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_te
     splits = list(dict.fromkeys(s for split_list in frame["splits"] for s in split_list))
     shown["ok/seeds"] = [f"{ok}/{seeds}" for ok, seeds in zip(table["ok"], table["seeds"])]
     unit = " (%)" if set(table["metric"]) == {"error"} else ""
+    headline = splits[0] if splits else None
+    for column in [c for c in frame.columns if c.startswith(f"baseline:{headline}:")]:
+        rule = column.rsplit(":", 1)[1].replace("_", " ")
+        means = frame.groupby(["cell", "lr"])[column].mean()
+        shown[f"{rule} ({headline})"] = [means.get((cell, lr), math.nan)
+                                         for cell, lr in zip(table["cell"], table["lr"])]
     for split in splits:
         if split not in table:
             continue
@@ -343,6 +369,13 @@ def results(directory, task, model, layers, heads, status, metric, all_lrs, per_
         shown = display_table(table[table["task"] == name], task_frame, per_run)
         heading = f"### {name}\n" if fmt == "markdown" else f"{name}:"
         sections.append(f"{heading}\n{render(shown.drop(columns='task'), fmt)}")
+        if not per_run and task_frame["solved_threshold"].notna().any() \
+                and task_frame["layers"].nunique() > 1:
+            depth = min_depth_by_length(task_frame).drop(columns="task")
+            threshold = task_frame["solved_threshold"].dropna().iloc[0]
+            sections.append(f"{name}: minimum layers to solve (two thirds of the seeds at "
+                            f">= {threshold:g} on test, at the learning rate val picked)\n"
+                            f"{render(depth, fmt)}")
     note = ("one row per run; rates with their 95% Wilson interval" if per_run else
             "learning rate picked on val (--all-lrs: every one); test splits: mean ± sample "
             "standard deviation (n - 1) over the seeds that finished ok")

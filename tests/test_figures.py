@@ -88,3 +88,14 @@ def test_mqrar_panels_draw_baselines_that_vary_with_n(tmp_path):
     assert "| baseline: latest assignment | 1.000 | 0.130 |" in tables
     assert "| baseline: chance | 0.125 | 0.125 |" in tables
     assert "Learning rate picked on val" in tables
+
+
+def test_results_gives_minimum_depth_per_length_and_baselines(word_problem_runs, capsys):
+    from pathbench.runners.cli import main
+
+    main(["results", str(word_problem_runs)])
+    out = capsys.readouterr().out
+    assert "a5: minimum layers to solve (two thirds of the seeds at >= 0.9 on test" in out
+    lines = [line.split() for line in out.splitlines()]
+    assert ["rope", "4", "2", ">3"] in lines and ["path", "4", "1", "2"] in lines
+    assert "chance (test)" in out and "learning rate picked on val" in out
