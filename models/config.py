@@ -28,6 +28,10 @@ class ModelConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
+# Upper bounds far beyond any model this benchmark trains, so that a typo (layers 100000) is an
+# error at once instead of a machine filling its memory.
+LIMITS = {"vocab_size": 1_000_000, "layers": 256, "heads": 256, "d_model": 16_384,
+          "mlp_ratio": 64}
 
 
 def model_config(values: dict) -> ModelConfig:
@@ -50,9 +54,10 @@ def model_config(values: dict) -> ModelConfig:
 
     attention = ATTENTIONS.get(config.attention)  # a UserError naming the valid choices
     for key in ("vocab_size", "layers", "heads", "d_model", "mlp_ratio"):
-        if getattr(config, key) < 1:
+        value, limit = getattr(config, key), LIMITS[key]
+        if not 1 <= value <= limit:
             raise UserError(
-                f"model config {key!r} must be a positive integer, got {getattr(config, key)}"
+                f"model config {key!r} must be an integer from 1 to {limit}, got {value}"
             )
     if config.d_model % config.heads:
         raise UserError(

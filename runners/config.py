@@ -10,7 +10,10 @@ A run is fully described by one JSON object (``config.json`` of its run director
 Later sources win, key by key:
 
     built-in defaults  <  the task's run_defaults  <  the preset  <  command-line options
-                       <  --set task.KEY=V / model.KEY=V / train.KEY=V
+                       and --set task.KEY=V / model.KEY=V / train.KEY=V
+
+An option and a --set of the same setting (--model and --set model.attention=...) are an error:
+one of them would be ignored.
 
 Presets: "paper" is the task's own run_defaults (the paper's setting). "cpu" overlays a smaller
 setting for tasks whose paper setting does not train in minutes on a few CPU cores (see
@@ -175,6 +178,13 @@ def resolve_device(device: str) -> str:
     return device
 
 
+# The command-line options that are shorthands for a setting.
+OPTION_SETTINGS = {"model": ("model", "attention"), "layers": ("model", "layers"),
+                   "heads": ("model", "heads"), "d_model": ("model", "d_model"),
+                   "steps": ("train", "steps"), "batch_size": ("train", "batch_size"),
+                   "lr": ("train", "lr")}
+
+
 def resolve_run(
     task_name: str,
     *,
@@ -194,6 +204,11 @@ def resolve_run(
 
     options = {key: value for key, value in (options or {}).items() if value is not None}
     sets = sets or {section: {} for section in SECTIONS}
+    for option, (section, key) in OPTION_SETTINGS.items():
+        if option in options and key in sets.get(section, {}):
+            flag = "--" + option.replace("_", "-")
+            raise UserError(f"{flag} {options[option]} and --set {section}.{key}="
+                            f"{sets[section][key]} both set {section}.{key}; give one")
     if preset is None:
         preset = "paper" if device == "cuda" else "cpu"
     if preset not in PRESETS:

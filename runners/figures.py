@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pathbench.files import write_atomic, write_text_atomic
+from pathbench.files import check_writable, write_atomic, write_text_atomic
 from pathbench.runners import store
 from pathbench.runners.report import (
     load_filtered,
@@ -357,6 +357,7 @@ def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
 @filter_options
 def plot(directory, output, task, model, layers, heads, status):
     """Draw paper-style figures of the runs under DIRECTORY (default results/runs)."""
+    check_writable(output.parent, "the figure's folder")
     frame = load_filtered(directory, dict(task=task, model=model, layers=layers, heads=heads,
                                            status=status))
     written, tables = draw(frame, output)

@@ -18,6 +18,7 @@ from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 
 from pathbench import UserError
+from pathbench.files import check_writable
 from pathbench.runners import store
 
 
@@ -35,18 +36,19 @@ def inspect(run_dir, output, split, example, tokens):
     import torch
 
     from pathbench.models import build_model, model_config
-    from pathbench.runners.train import EVALUATION_SEED
+    from pathbench.runners.train import EVAL_CHUNK, EvaluationSplit
     from pathbench.tasks import IGNORE_INDEX, make_task
 
     record = store.read_result(run_dir)
     weights_path = run_dir / store.WEIGHTS_FILE
     if record["status"] != "ok" or not weights_path.exists():
         raise UserError(f"{run_dir} has no trained weights (status {record['status']!r})")
-    if example < 0 or tokens < 2:
-        raise UserError("--example must be >= 0 and --tokens >= 2")
+    if tokens < 2:
+        raise UserError(f"--tokens must be >= 2, got {tokens}")
     output = output or run_dir / "attention.png"
     if not output.suffix:
         output = output.with_suffix(".png")
+    check_writable(output.parent, "the picture's folder")
     picture_format = output.suffix[1:].lower()
     formats = FigureCanvasBase.get_supported_filetypes()
     if picture_format not in formats:
@@ -55,8 +57,14 @@ def inspect(run_dir, output, split, example, tokens):
     config = record["config"]
     task = make_task(config["task"]["name"], config["task"]["config"])
     split = split or task.test_splits[0]
-    if split not in task.splits:
-        raise UserError(f"unknown split {split!r}; valid splits: {', '.join(task.splits)}")
+    evaluated = task.splits[1:]  # the splits with fixed evaluation sequences
+    if split not in evaluated:
+        raise UserError(f"unknown split {split!r}; valid splits: {', '.join(evaluated)}")
+    train = config["train"]
+    size = train.get("eval_sizes", {}).get(split, train["eval_num"])
+    if not 0 <= example < size:
+        raise UserError(f"--example must be in 0..{size - 1}: the run was evaluated on {size} "
+                        f"sequences of {split}, got {example}")
     model = build_model(model_config(config["model"]))
     try:
         state = torch.load(weights_path, map_location="cpu", weights_only=True)
@@ -65,14 +73,15 @@ def inspect(run_dir, output, split, example, tokens):
         raise UserError(f"cannot load weights {weights_path}: {type(exc).__name__}") from None
     model.eval()
 
-    dataset = task.generate(example + 1, EVALUATION_SEED, split)
-    inputs = torch.from_numpy(dataset.inputs[example : example + 1])
+    dataset = EvaluationSplit(task, split, size).chunk(example // EVAL_CHUNK)
+    example_in_chunk = example % EVAL_CHUNK
+    inputs = torch.from_numpy(dataset.inputs[example_in_chunk : example_in_chunk + 1])
     with torch.no_grad():
         maps = [layer_map[0, :, :tokens, :tokens].float().numpy()
                 for layer_map in model.attention_maps(inputs)]
     shown = min(tokens, inputs.shape[1])
-    words = [task.vocab[i] for i in dataset.inputs[example, :shown]]
-    scored = np.flatnonzero(dataset.targets[example, :shown] != IGNORE_INDEX)
+    words = [task.vocab[i] for i in dataset.inputs[example_in_chunk, :shown]]
+    scored = np.flatnonzero(dataset.targets[example_in_chunk, :shown] != IGNORE_INDEX)
 
     layers, heads = len(maps), maps[0].shape[0]
     figure = Figure(figsize=(3.6 * heads, 3.4 * layers), layout="constrained")

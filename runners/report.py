@@ -67,11 +67,12 @@ def _hashable(value):
     return store.canonical_json(value) if isinstance(value, (list, dict)) else value
 
 
-def load_frame(root: Path, only: set[str] | None = None) -> pd.DataFrame:
+def load_frame(root: Path, only: set[str] | None = None, skip=None) -> pd.DataFrame:
     """Every run record under ``root`` (or only the named runs) as a frame, one row a run;
-    ``root`` may also be a tar archive of run directories (see ``store.iter_results``)."""
+    ``root`` may also be a tar archive of run directories (see ``store.iter_results``, which
+    also says what ``skip`` does with a damaged record)."""
     rows = []
-    for run_dir, record in store.iter_results(root, only):
+    for run_dir, record in store.iter_results(root, only, skip):
         record["run_dir"] = str(run_dir)
         rows.append(record_row(record))
     return pd.DataFrame(rows)
@@ -322,7 +323,10 @@ def render(frame: pd.DataFrame, fmt: str) -> str:
 
 
 def load_filtered(directory: Path, filters: dict) -> pd.DataFrame:
-    frame = load_frame(directory)
+    """The records under ``directory`` that pass the filters; a damaged or incomplete record
+    is skipped with a one-line warning naming it."""
+    frame = load_frame(directory, skip=lambda message: click.echo(
+        f"pathbench: warning: skipped {message}", err=True))
     if frame.empty:
         raise UserError(f"no run records (result.json) under {directory}")
     frame = apply_filters(frame, **filters)

@@ -21,6 +21,8 @@ from pathlib import Path
 import click
 
 import pathbench
+from pathbench import UserError
+from pathbench.files import check_writable
 from pathbench.runners import store
 from pathbench.runners.config import (
     DECISIONS,
@@ -238,9 +240,11 @@ def shared_options(command):
 @click.option("--heads", type=int, default=None, help="Attention heads per layer (task default).")
 @click.option("--lr", type=float, default=None, help="Peak learning rate (task default).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")
+@click.option("--force", is_flag=True,
+              help="Train again when OUT already holds this run finished (replacing it).")
 @shared_options
-def run(task, model, layers, heads, lr, seed, d_model, steps, batch_size, device, preset, out,
-        sets):
+def run(task, model, layers, heads, lr, seed, force, d_model, steps, batch_size, device, preset,
+        out, sets):
     """Train and evaluate one model on TASK; print the metrics of every split.
 
     Writes OUT/<run id>/ with config.json, curve.jsonl, model.pt and result.json. Exit status
@@ -253,6 +257,11 @@ def run(task, model, layers, heads, lr, seed, d_model, steps, batch_size, device
                  "steps": steps, "batch_size": batch_size, "lr": lr},
         sets=parse_sets(sets), seed=seed, device=device, preset=preset,
     )
+    run_dir = out / run_id(config)
+    if not force and store.is_done(run_dir):
+        raise UserError(f"{run_dir} already holds this run, finished; `pathbench results "
+                        f"{run_dir}` shows it, and --force trains it again, replacing it")
+    check_writable(out)
     model_cfg, train_cfg = config["model"], config["train"]
     click.echo(
         f"{task}: {model_cfg['attention']}, layers {model_cfg['layers']}, heads "

@@ -33,8 +33,9 @@ class Schedule:
     sweep; then the rest, longest runs first.
     """
 
-    def __init__(self, planned: list[tuple[Grid, list[dict]]], out: Path, drop):
-        self.out = out
+    def __init__(self, planned: list[tuple[Grid, list[dict]]], out: Path, drop,
+                 dry_run: bool = False):
+        self.out, self.dry_run = out, dry_run
         self.drop = drop  # called with the runs (not yet done) that a solved model never needs
         self.ready: list[tuple[tuple, list[dict]]] = []  # (priority, pack)
         # run id -> the chains waiting for it, for each run handed out and not ended (two
@@ -73,11 +74,11 @@ class Schedule:
             if chain.last is not None and chain.grid.until_solved and self._solved(chain.last):
                 self.drop([config for step in chain.steps for config in step
                            if run_id(config) not in self.handed_out
-                           and not is_done(self.out / run_id(config))])
+                           and not self._done(config)])
                 chain.steps = []
                 return
             chain.last = step = chain.steps.pop(0)
-            todo = [config for config in step if not is_done(self.out / run_id(config))]
+            todo = [config for config in step if not self._done(config)]
             new = [config for config in todo if run_id(config) not in self.waiting]
             self.handed_out.update(run_id(config) for config in new)
             steps_ahead = len(chain.steps) + 1 if chain.grid.until_solved else 0
@@ -89,10 +90,13 @@ class Schedule:
             if chain.running:
                 return
 
+    def _done(self, config: dict) -> bool:
+        return is_done(self.out / run_id(config), set_aside=not self.dry_run)
+
     def _solved(self, step: list[dict]) -> bool:
         from pathbench.runners.report import load_frame, solved_cells
 
-        recorded = {run_id(config) for config in step if is_done(self.out / run_id(config))}
+        recorded = {run_id(config) for config in step if self._done(config)}
         if not recorded:  # a dry run before any record, or every worker died
             return False
         return cell_key(step[0], with_layers=False) in solved_cells(load_frame(self.out, recorded))
@@ -133,11 +137,15 @@ def run_cost(config: dict) -> int:
     return train["steps"] * train["batch_size"] * length * model["layers"] * model["d_model"]
 
 
-def is_done(run_dir: Path) -> bool:
-    """store.is_done, with a corrupt record set aside (and the run redone)."""
+def is_done(run_dir: Path, set_aside: bool = True) -> bool:
+    """store.is_done, with a corrupt record set aside (and the run redone); without
+    ``set_aside`` (a dry run), the record is left as it is and only named."""
     try:
         return store.is_done(run_dir)
     except store.CorruptRecord as exc:
+        if not set_aside:
+            tqdm.write(f"{exc}; a sweep would set it aside and redo that run", file=sys.stderr)
+            return False
         aside = store.set_aside_corrupt(run_dir)
         tqdm.write(f"{exc}\n  moved to {aside}; that run is redone", file=sys.stderr)
         return False

@@ -90,6 +90,11 @@ def check_result(result: dict, where) -> dict:
     missing = [key for key in RECORD_KEYS if key not in result]
     if missing:
         raise CorruptRecord(f"{where} is not a valid record (missing keys: {', '.join(missing)})")
+    metrics = result["metrics"]
+    if result["status"] == "ok" and not (isinstance(metrics, dict) and metrics and all(
+            isinstance(split, dict) and split for split in metrics.values())):
+        raise CorruptRecord(f"{where} is not a complete record (status ok without the metrics "
+                            f"of every split)")
     return result
 
 
@@ -137,17 +142,30 @@ def split_archive_path(path: Path) -> tuple[Path, PurePosixPath] | None:
     return None
 
 
-def iter_results(root: Path, only: set[str] | None = None) -> Iterator[tuple[Path, dict]]:
+def iter_results(root: Path, only: set[str] | None = None, skip=None
+                 ) -> Iterator[tuple[Path, dict]]:
     """(run directory, record) for every run under ``root`` that has a result.json, in a stable
     order: ``root`` is a directory of run directories (or one run directory), a tar archive of
     them, or a folder inside such an archive. An archive is read in place, never extracted.
-    ``only``: just the runs of these names (directory names). A damaged record is a
-    CorruptRecord naming it, as for read_result."""
+    ``only``: just the runs of these names (directory names). A damaged or incomplete record is
+    a CorruptRecord naming it, as for read_result, or, given ``skip``, is passed over after
+    ``skip(message)``."""
+    def checked(read, *args):
+        try:
+            return read(*args)
+        except CorruptRecord as exc:
+            if skip is None:
+                raise
+            skip(str(exc))
+            return None
+
     archive = split_archive_path(root)
     if archive is None:
         for run_dir in find_run_dirs(root):
             if only is None or run_dir.name in only:
-                yield run_dir, read_result(run_dir)
+                record = checked(read_result, run_dir)
+                if record is not None:
+                    yield run_dir, record
         return
     path, folder = archive
     records = []
@@ -163,7 +181,9 @@ def iter_results(root: Path, only: set[str] | None = None) -> Iterator[tuple[Pat
                     continue
                 where = f"{path}/{name}"
                 data = tar.extractfile(member).read()
-                records.append((run_dir, check_result(parse_record(data, where), where)))
+                record = checked(lambda: check_result(parse_record(data, where), where))
+                if record is not None:
+                    records.append((run_dir, record))
     except (tarfile.TarError, EOFError, OSError, lzma.LZMAError, zlib.error) as exc:
         raise UserError(f"cannot read the archive {path}: {exc}") from None
     for run_dir, record in sorted(records, key=lambda item: item[0].parts):

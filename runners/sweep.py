@@ -26,6 +26,7 @@ import click
 from tqdm import tqdm
 
 from pathbench import UserError
+from pathbench.files import check_writable
 from pathbench.runners.config import DEVICES, resolve_device, run_id
 from pathbench.runners.executors import (
     EXECUTORS,
@@ -53,11 +54,14 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
     if device == "auto":  # on Slurm the compute node decides; presets must then be explicit
         device = "cuda"
     planned = [(grid, grid.configs(device)) for grid in grids]
+    if not dry_run:
+        check_writable(out)
     total = sum(len(configs) for _, configs in planned)
     counts: Counter = Counter()
     done: set[str] = set()
     for grid, configs in planned:
-        done_here = {run_id(config) for config in configs if is_done(out / run_id(config))}
+        done_here = {run_id(config) for config in configs
+                     if is_done(out / run_id(config), set_aside=not dry_run)}
         done |= done_here
         counts["already done"] += len(done_here)
         click.echo(f"sweep {grid.task}: {len(configs)} runs, {len(done_here)} already done",
@@ -65,7 +69,8 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
     if dry_run:
         # what a run would do now: skip a deeper layer count already known to be unnecessary
         dropped: set[str] = set()
-        schedule = Schedule(planned, out, lambda configs: dropped.update(map(run_id, configs)))
+        schedule = Schedule(planned, out, lambda configs: dropped.update(map(run_id, configs)),
+                            dry_run=True)
         while (pack := schedule.next_pack()) is not None:
             for config in pack:  # as if it had ended without a record
                 schedule.ended(run_id(config))

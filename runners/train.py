@@ -101,13 +101,14 @@ class EvaluationSplit:
     def __init__(self, task, split: str, size: int):
         self.task, self.split = task, split
         self.sizes = [min(EVAL_CHUNK, size - start) for start in range(0, size, EVAL_CHUNK)]
-        self.kept = [self._generate(0)] if len(self.sizes) == 1 else None
+        self.kept = [self.chunk(0)] if len(self.sizes) == 1 else None
 
-    def _generate(self, chunk: int):
-        return self.task.generate(self.sizes[chunk], EVALUATION_SEED + chunk, self.split)
+    def chunk(self, number: int):
+        """The ``number``-th chunk: sequences number * EVAL_CHUNK onwards."""
+        return self.task.generate(self.sizes[number], EVALUATION_SEED + number, self.split)
 
     def chunks(self):
-        return iter(self.kept) if self.kept else map(self._generate, range(len(self.sizes)))
+        return iter(self.kept) if self.kept else map(self.chunk, range(len(self.sizes)))
 
 
 def _add(tally: dict | None, more: dict) -> dict:

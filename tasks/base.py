@@ -32,6 +32,9 @@ from pathbench.settings import coerce
 
 
 IGNORE_INDEX = -100  # target value of a position that is not scored (torch's cross-entropy default)
+# The longest sequence a built-in task generates: far beyond what attention here trains on, so
+# that a typo is an error at once rather than a machine filling its memory.
+MAX_LENGTH = 1 << 20
 
 
 @dataclass

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pathbench import UserError
-from pathbench.tasks.base import IGNORE_INDEX, TASKS, Task, option
+from pathbench.tasks.base import IGNORE_INDEX, MAX_LENGTH, TASKS, Task, option
 
 WRITE, READ, IGNORE, ZERO, ONE = range(5)  # token ids, in the order of VOCAB
 VOCAB = ["w", "r", "i", "0", "1"]
@@ -20,7 +20,8 @@ P_IGNORE = {"train": 0.8, "val": 0.8, "test": 0.8, "sparse": 0.98, "dense": 0.1}
 
 @dataclass(frozen=True)
 class FlipFlopConfig:
-    length: int = option(512, "tokens per sequence (instruction, bit pairs, so even)", minimum=4)
+    length: int = option(512, "tokens per sequence (instruction, bit pairs, so even)", minimum=4,
+                         maximum=MAX_LENGTH)
 
     def __post_init__(self):
         if self.length % 2:

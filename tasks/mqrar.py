@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pathbench import UserError
-from pathbench.tasks.base import IGNORE_INDEX, TASKS, Task, option
+from pathbench.tasks.base import IGNORE_INDEX, MAX_LENGTH, TASKS, Task, option
 
 ASSIGNMENT_TOKENS, QUERY_TOKENS = 2, 2  # "Kx Vy" and "? Kx"
 
@@ -27,9 +27,10 @@ class MqrarConfig:
     num_values: int = option(32, "number of distinct values V0, V1, ...", minimum=2)
     n_back: int = option(2, "a query asks for the n-th most recent value of its key", minimum=1)
     query_prob: float = option(0.5, "probability that an item is a query (when one is possible)")
-    length: int = option(768, "tokens per sequence, padded with '.'", minimum=1)
+    length: int = option(768, "tokens per sequence, padded with '.'", minimum=1, maximum=MAX_LENGTH)
     eval_length: int | None = option(
-        None, "length of the extra evaluation split 'test_long' (longer than length)", minimum=2
+        None, "length of the extra evaluation split 'test_long' (longer than length)", minimum=2,
+        maximum=MAX_LENGTH,
     )
 
     def __post_init__(self):

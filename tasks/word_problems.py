@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pathbench import UserError
-from pathbench.tasks.base import TASKS, Task, option
+from pathbench.tasks.base import MAX_LENGTH, TASKS, Task, option
 
 
 def _build_group(group: str):
@@ -45,9 +45,10 @@ def group_tables(group: str) -> tuple[list[str], np.ndarray]:
 
 @dataclass(frozen=True)
 class WordProblemConfig:
-    length: int = option(20, "group elements per sequence", minimum=1)
+    length: int = option(20, "group elements per sequence", minimum=1, maximum=MAX_LENGTH)
     eval_length: int | None = option(
-        None, "length of the extra evaluation split 'test_long' (longer than length)", minimum=2
+        None, "length of the extra evaluation split 'test_long' (longer than length)", minimum=2,
+        maximum=MAX_LENGTH,
     )
 
     def __post_init__(self):

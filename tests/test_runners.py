@@ -67,10 +67,12 @@ def test_later_sources_win():
     options = resolve_run("flipflop", device="cpu", options={"lr": 3e-3, "layers": 2})
     assert options["train"]["lr"] == 3e-3 and options["model"]["layers"] == 2
     both = resolve_run("flipflop", device="cpu", options={"lr": 3e-3},
-                       sets=parse_sets(["train.lr=5e-3", "task.length=32", "model.heads=4"]))
-    assert both["train"]["lr"] == 5e-3
+                       sets=parse_sets(["train.warmup=7", "task.length=32", "model.heads=4"]))
+    assert both["train"]["lr"] == 3e-3 and both["train"]["warmup"] == 7
     assert both["task"]["config"]["length"] == 32 and both["model"]["heads"] == 4
     assert both["model"]["vocab_size"] == 5  # from the task's vocabulary
+    with pytest.raises(UserError, match="--lr 0.003 and --set train.lr=5e-3 both set train.lr"):
+        resolve_run("flipflop", options={"lr": 3e-3}, sets=parse_sets(["train.lr=5e-3"]))
 
 
 def test_run_id_is_deterministic_and_names_the_run():
@@ -144,6 +146,10 @@ def test_corrupt_record_is_a_one_line_error_naming_the_file(tmp_path):
     (run_dir / "result.json").write_text('{"status": "ok"}')  # valid JSON, not a record
     with pytest.raises(store.CorruptRecord, match="missing keys: metrics, config, provenance"):
         store.read_result(run_dir)
+    record = {"status": "ok", "metrics": {"test": {}}, "config": {}, "provenance": {}}
+    store.write_json_atomic(run_dir / "result.json", record)  # ok, but a split without metrics
+    with pytest.raises(store.CorruptRecord, match="not a complete record"):
+        store.is_done(run_dir)
     aside = store.set_aside_corrupt(run_dir)
     assert aside.name == "result.json.corrupt" and aside.exists()
     assert not store.is_done(run_dir)
@@ -215,17 +221,21 @@ def test_results_and_plot_read_an_archive_of_runs_as_the_directory(tmp_path, cap
     assert code == 2 and "no run records (result.json) under" in stderr
 
 
-def test_corrupt_record_in_an_archive_is_a_one_line_error_naming_it(tmp_path, capsys):
-    config = next(iter(Grid(task="a5", models=["path"], seeds=[0]).configs("cpu")))
-    run_dir = tmp_path / "runs" / run_id(config)
-    store.write_json_atomic(run_dir / "result.json", _fake_record(config, 0.5))
+def test_corrupt_record_in_an_archive_is_skipped_with_a_warning_naming_it(tmp_path, capsys):
+    configs = Grid(task="a5", models=["path"], seeds=[0, 1]).configs("cpu")
+    for config in configs:
+        store.write_json_atomic(tmp_path / "runs" / run_id(config) / "result.json",
+                                _fake_record(config, 0.5))
+    run_dir = tmp_path / "runs" / run_id(configs[0])
     good = _archive(tmp_path / "runs", tmp_path / "good.tar.gz", "runs")
     (run_dir / "result.json").write_text('{"status": "ok", "metr')  # half-written
     bad = _archive(tmp_path / "runs", tmp_path / "runs.tar.xz", "runs")
     for command in (["results", bad], ["plot", bad, "-o", tmp_path / "figure"]):
-        code, _, stderr = _pathbench(capsys, *command)
-        assert code == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr
-        assert f"{bad}/runs/{run_dir.name}/result.json is not a valid record" in stderr
+        code, stdout, stderr = _pathbench(capsys, *command)
+        assert code == 0 and stderr.count("\n") == 1 and "Traceback" not in stderr
+        assert (f"warning: skipped {bad}/runs/{run_dir.name}/result.json is not a valid record"
+                in stderr)
+        assert "1/1" in stdout or "(n = 1)" in stdout  # the other run is still shown
     (run_dir / "result.json").write_text('{"status": "ok"}')  # valid JSON, not a record
     bad = _archive(tmp_path / "runs", tmp_path / "runs.tar.xz", "runs")
     with pytest.raises(store.CorruptRecord, match="missing keys: metrics, config, provenance"):

@@ -159,7 +159,8 @@ def test_sweep_file_resume_results_plot_inspect(tmp_path, capsys, monkeypatch):
 
     code, stdout, _ = cli(capsys, "results", out, "--format", "csv")
     lines = stdout.strip().splitlines()
-    assert lines[0].startswith("task,model,layers,heads,d_model,lr,metric,ok/seeds,test,test_std,")
+    assert lines[0].startswith(
+        "task,model,layers,heads,d_model,lr,metric,ok/seeds,chance (test),test,test_std,")
     assert len(lines) == 3  # path and rope, each averaged over two seeds
     code, stdout, _ = cli(capsys, "results", out, "--model", "path", "--runs",
                           "--format", "markdown")
@@ -229,16 +230,23 @@ def test_bad_pack_size_is_a_one_line_error(tmp_path, capsys, pack, message):
     assert code == 2 and message in stderr and "Traceback" not in stderr
 
 
-def test_corrupt_record_errors_in_results_and_is_redone_by_the_sweep(tmp_path, capsys):
+def test_corrupt_record_is_skipped_by_results_left_by_a_dry_run_and_redone_by_the_sweep(
+        tmp_path, capsys):
     out = tmp_path / "runs"
     sweep = ["sweep", "flipflop", "--models", "path", "--seeds", "0-1", *TINY, "--out", out]
     assert cli(capsys, *sweep)[0] == 0
     damaged = sorted(out.glob("*/result.json"))[0]
     damaged.write_text(damaged.read_text()[:50])  # as if half-written
 
-    code, _, stderr = cli(capsys, "results", out)
-    assert code == 2 and stderr.count("\n") == 1
-    assert f"{damaged} is not a valid record" in stderr
+    code, stdout, stderr = cli(capsys, "results", out)
+    assert code == 0 and stderr.count("\n") == 1
+    assert f"warning: skipped {damaged} is not a valid record" in stderr
+    assert "1/1" in stdout  # the other seed is shown
+
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    code, stdout, _ = cli(capsys, *sweep, "--dry-run")
+    assert code == 0 and sorted(line.split()[0] for line in stdout.splitlines()) == ["done", "todo"]
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
 
     code, stdout, stderr = cli(capsys, *sweep)
     assert code == 0 and "1 ok, 1 already done" in stdout.replace("1 already done, 1 ok",
@@ -330,3 +338,49 @@ def test_triton_backend_on_the_cpu_is_a_usage_error(tmp_path, capsys, monkeypatc
                           "--device", "cpu", "--out", tmp_path)
     assert code == 2 and "model.backend 'triton' needs --device cuda" in stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_run_refuses_to_replace_a_finished_run_unless_forced(tmp_path, capsys):
+    out = tmp_path / "runs"
+    args = ["run", "flipflop", "--model", "rope", *TINY, "--out", out]
+    assert cli(capsys, *args)[0] == 0
+    [record] = out.glob("*/result.json")
+    finished = record.read_bytes()
+    code, _, stderr = cli(capsys, *args)
+    assert code == 2 and stderr.count("\n") == 1
+    assert f"{record.parent} already holds this run, finished" in stderr and "--force" in stderr
+    assert record.read_bytes() == finished
+    assert cli(capsys, *args, "--force")[0] == 0
+    assert record.read_bytes() != finished  # trained again: a new wall time at least
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "plot", "inspect"])
+def test_unwritable_outputs_are_one_line_errors(tmp_path, capsys, command):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    target = blocked / "below"  # a path through a file
+    runs = tmp_path / "runs"
+    if command in ("plot", "inspect"):
+        assert cli(capsys, "run", "flipflop", "--model", "rope", *TINY, "--out", runs)[0] == 0
+    args = {"run": lambda: ["run", "flipflop", *TINY, "--out", target],
+            "sweep": lambda: ["sweep", "flipflop", "--models", "rope", *TINY, "--out", target],
+            "plot": lambda: ["plot", runs, "-o", target / "figure"],
+            "inspect": lambda: ["inspect", next(runs.iterdir()), "-o", target / "maps.png"],
+            }[command]()
+    code, _, stderr = cli(capsys, *args)
+    assert code == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr
+    assert "cannot write to" in stderr and "Not a directory" in stderr
+
+
+def test_bounds_and_conflicts_are_one_line_errors(tmp_path, capsys):
+    assert cli(capsys, "run", "flipflop", "--model", "rope", *TINY, "--out", tmp_path)[0] == 0
+    for args, message in [
+        (["run", "flipflop", "--layers", "100000"], "'layers' must be an integer from 1 to 256"),
+        (["run", "flipflop", "--set", "task.length=100000000"], "it must be <= 1048576"),
+        (["run", "flipflop", "--model", "path", "--set", "model.attention=rope"],
+         "--model path and --set model.attention=rope both set model.attention; give one"),
+        (["inspect", next(tmp_path.iterdir()), "--example", "99999999"],
+         "--example must be in 0..15: the run was evaluated on 16 sequences of test"),
+    ]:
+        code, _, stderr = cli(capsys, *args)
+        assert code == 2 and message in stderr and stderr.count("\n") == 1, stderr
