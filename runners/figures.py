@@ -261,7 +261,8 @@ def draw_heatmap(ax, panel: dict) -> str:
 
 def draw_bars(ax, panel: dict) -> str:
     runs = panel["runs"]
-    has_error = any(c.endswith(":error") for c in runs.columns)
+    # a column another task's runs brought into the frame is all NaN here
+    has_error = any(c.endswith(":error") and runs[c].notna().any() for c in runs.columns)
     metric = "error" if has_error else None
     table = aggregate(runs, metric)
     metric = table["metric"].iloc[0]

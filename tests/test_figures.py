@@ -99,3 +99,16 @@ def test_results_gives_minimum_depth_per_length_and_baselines(word_problem_runs,
     lines = [line.split() for line in out.splitlines()]
     assert ["rope", "4", "2", ">3"] in lines and ["path", "4", "1", "2"] in lines
     assert "chance (test)" in out and "learning rate picked on val" in out
+
+
+def test_no_empty_panel_for_a_task_without_the_metric(tmp_path):
+    """Flip-flop's error column in the same frame does not give MQRAR an empty error panel."""
+    _write(tmp_path, "flipflop", "path", 1, 0, 0.9, 0.9, sets=["task.length=16"])
+    record = next(tmp_path.glob("flipflop*/result.json"))
+    data = __import__("json").loads(record.read_text())
+    data["metrics"]["test"]["error"] = 10.0
+    store.write_json_atomic(record, data)
+    _write(tmp_path, "mqrar", "path", 2, 0, 0.9, 0.8, sets=["task.length=64", "task.num_keys=4"])
+    frame = load_frame(tmp_path)
+    _, tables = draw(frame[frame["task"] == "mqrar"], tmp_path / "mqrar")
+    assert "accuracy per split" in tables and "nan" not in tables
