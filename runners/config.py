@@ -15,9 +15,9 @@ Later sources win, key by key:
 An option and a --set of the same setting (--model and --set model.attention=...) are an error:
 one of them would be ignored.
 
-Presets: "paper" is the task's own run_defaults (the paper's setting). "cpu" overlays a smaller
-setting for tasks whose paper setting does not train in minutes on a few CPU cores (see
-CPU_PRESETS); for other tasks it equals "paper". Without --preset, the device decides: cuda ->
+Presets: "paper" is the task's own run_defaults (the paper's setting). "cpu" overlays the task's
+``presets["cpu"]``, a smaller setting that trains in minutes on a few CPU cores; a task without
+one trains its paper setting there too. Without --preset, the device decides: cuda ->
 paper, cpu -> cpu. Everything is strict: an unknown key or a malformed value is a UserError.
 
 The run id is a readable prefix plus a digest of everything that determines the result (task
@@ -37,9 +37,9 @@ from typing import Iterable
 from pathbench import UserError
 from pathbench.runners.store import canonical_json, config_digest
 from pathbench.settings import coerce
+from pathbench.tasks import PRESETS
 
 SECTIONS = ("task", "model", "train")
-PRESETS = ("paper", "cpu")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULES = ("cosine", "constant")  # the learning rate after the warm-up
 # Every decision (early stopping, the learning rate a table picks, whether a model solved a task
@@ -151,20 +151,6 @@ def parse_float_list(text: str, option: str) -> list[float]:
 
 # --- resolution -----------------------------------------------------------------------------
 
-# The "cpu" preset: smaller settings for tasks whose paper setting does not train within
-# minutes on a 2-core CPU with the torch attention. Flip-flop: PaTH's blockwise torch attention
-# costs about 0.2-1 s a step at 512 tokens on 2 cores (10,000 steps would take hours), but at
-# 128 tokens PaTH reaches zero validation error within 200 steps while RoPE stays near 32% (see
-# README, "Running on a CPU"). Tasks not listed here use their paper setting on a CPU too.
-CPU_PRESETS: dict[str, dict[str, dict]] = {
-    "flipflop": {
-        "task": {"length": 128},
-        "train": {"steps": 600, "batch_size": 32, "eval_every": 100, "eval_num": 2048,
-                  "eval_sizes": {"sparse": 8192}},  # about 13,000 sparse reads at 128 tokens
-    },
-}
-
-
 def resolve_device(device: str) -> str:
     """auto -> cuda when a GPU is visible, else cpu; cuda without a GPU is a UserError."""
     import torch
@@ -200,7 +186,7 @@ def resolve_run(
     steps, batch_size, lr); ``device`` must already be resolved ("cpu" or "cuda").
     """
     from pathbench.models import model_config
-    from pathbench.tasks import make_task
+    from pathbench.tasks import TASKS, make_task
 
     options = {key: value for key, value in (options or {}).items() if value is not None}
     sets = sets or {section: {} for section in SECTIONS}
@@ -213,8 +199,8 @@ def resolve_run(
         preset = "paper" if device == "cuda" else "cpu"
     if preset not in PRESETS:
         raise UserError(f"unknown preset {preset!r}; valid choices: {', '.join(PRESETS)}")
-    overlay = CPU_PRESETS.get(task_name, {}) if preset == "cpu" else {}
-
+    task_class = TASKS.get(task_name)
+    overlay = task_class.presets.get(preset, {}) if preset != "paper" else {}
     task = make_task(task_name, {**overlay.get("task", {}), **sets.get("task", {})})
     run_defaults = task.run_defaults
 

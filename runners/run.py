@@ -68,6 +68,23 @@ def _package_version(name: str) -> str | None:
         return None
 
 
+def plugin_provenance(config: dict) -> dict:
+    """The task and attention of a run that come from other packages: {"task": {"name",
+    "package", "version"}, "attention": {...}}; empty for built-ins."""
+    from pathbench.models import ATTENTIONS
+    from pathbench.registry import BUILTIN
+    from pathbench.tasks import TASKS
+
+    plugins = {}
+    for kind, registry, name in (("task", TASKS, config["task"]["name"]),
+                                 ("attention", ATTENTIONS, config["model"]["attention"])):
+        package = registry.origin(name)
+        if package != BUILTIN:
+            plugins[kind] = {"name": name, "package": package,
+                             "version": _package_version(package)}
+    return plugins
+
+
 def execute_run(config: dict, out: Path, progress: bool = True) -> dict:
     """Run one resolved configuration into ``out/<run_id>/`` and return its result record."""
     return execute_runs([config], out, progress)[0]
@@ -112,6 +129,7 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
         "device_name": device_name(device),
         "task_version": shared["task"]["version"],
         "attention_backend": None,  # what computed the attention: "torch" or "triton"
+        "plugins": plugin_provenance(shared),
         "dataset_hash": None,
     }
     records = []

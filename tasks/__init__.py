@@ -7,6 +7,7 @@ the built-ins below and those of installed packages that declare an entry point 
 
 from pathbench.tasks.base import (
     IGNORE_INDEX,
+    PRESETS,
     TASKS,
     Dataset,
     Task,
@@ -18,4 +19,4 @@ from pathbench.tasks.base import (
 # Importing the built-in task modules registers them.
 from pathbench.tasks import flipflop, word_problems, mqrar  # noqa: E402,F401  isort: skip
 
-__all__ = ["IGNORE_INDEX", "TASKS", "Dataset", "Task", "default_config", "make_task", "option"]
+__all__ = ["IGNORE_INDEX", "PRESETS", "TASKS", "Dataset", "Task", "default_config", "make_task", "option"]

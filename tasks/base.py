@@ -32,6 +32,7 @@ from pathbench.settings import coerce
 
 
 IGNORE_INDEX = -100  # target value of a position that is not scored (torch's cross-entropy default)
+PRESETS = ("paper", "cpu")  # setting sizes: the task's run_defaults, or a smaller one
 # The longest sequence a built-in task generates: far beyond what attention here trains on, so
 # that a typo is an error at once rather than a machine filling its memory.
 MAX_LENGTH = 1 << 20
@@ -67,11 +68,23 @@ def split_key(split: str) -> int:
     return zlib.crc32(split.encode())
 
 
+def _owner(task_class: type) -> str:
+    """A task class as messages name it: its registered name and where it is defined."""
+    return (f"task {getattr(task_class, 'name', task_class.__qualname__)!r} "
+            f"({task_class.__module__}.{task_class.__qualname__})")
+
+
+def _check_settings(task_class: type, what: str, value, sections: tuple[str, ...]) -> None:
+    if not (isinstance(value, dict) and set(value) <= set(sections)
+            and all(isinstance(part, dict) for part in value.values())):
+        raise UserError(f"{_owner(task_class)}: {what} must be a dict of settings by section "
+                        f"({', '.join(sections)}), got {value!r}")
+
+
 def _checked_splits(task_class: type, declared) -> tuple[tuple[str, ...], bool]:
     """``declared`` as (splits, whether "val" was added), or a UserError if it breaks the order
     "train", "val", test splits. A missing "val" is added right after "train"."""
-    owner = (f"task {getattr(task_class, 'name', task_class.__qualname__)!r} "
-             f"({task_class.__module__}.{task_class.__qualname__})")
+    owner = _owner(task_class)
     if isinstance(declared, str) or not all(isinstance(split, str) for split in declared):
         raise UserError(f"{owner}: splits must be a tuple of split names, got {declared!r}")
     splits = tuple(declared)
@@ -97,7 +110,10 @@ class Task:
     A subclass sets the class attributes ``name``, ``version`` (bump it whenever the data for a
     given configuration and seed changes), ``description`` (one line), ``Config`` (a dataclass
     whose fields are declared with `option`), ``run_defaults`` ({"model": {...}, "train":
-    {...}}) and, where it differs from the default, ``primary_metric`` and ``solved_threshold``.
+    {...}}, the paper's or the task's own setting; default: pathbench's defaults), ``presets``
+    (smaller settings by name, {"cpu": {"task": {...}, "model": {...}, "train": {...}}}, laid
+    over ``run_defaults`` under ``--preset cpu`` and by default on a CPU) and, where it differs
+    from the default, ``primary_metric`` and ``solved_threshold``.
     In ``__init__`` (after calling ``super().__init__``) it sets ``vocab`` and ``splits``. It
     implements `sample`, and may extend `metrics` and `baselines`.
 
@@ -122,7 +138,8 @@ class Task:
     version: ClassVar[str]
     description: ClassVar[str]
     Config: ClassVar[type]
-    run_defaults: dict
+    run_defaults: dict = {}  # {"model": {...}, "train": {...}}; nothing: the built-in defaults
+    presets: ClassVar[dict] = {}  # e.g. {"cpu": {"task": {...}, "train": {...}}}
     primary_metric: ClassVar[str] = "accuracy"
     solved_threshold: ClassVar[float | None] = None
 
@@ -130,6 +147,12 @@ class Task:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        _check_settings(cls, "run_defaults", cls.run_defaults, ("model", "train"))
+        if not isinstance(cls.presets, dict) or not set(cls.presets) <= set(PRESETS[1:]):
+            raise UserError(f"{_owner(cls)}: presets must be a dict with keys among "
+                            f"{', '.join(PRESETS[1:])}, got {cls.presets!r}")
+        for name, preset in cls.presets.items():
+            _check_settings(cls, f"presets[{name!r}]", preset, ("task", "model", "train"))
         declared = cls.__dict__.get("splits")
         if declared is not None and not isinstance(declared, property):
             # A class attribute would hide the property below: check it now, keep it aside.
@@ -187,8 +210,29 @@ class Task:
         rng = np.random.default_rng(np.random.SeedSequence([split_key(split), int(seed)]))
         distribution = "train" if split == "val" and val_is_train else split
         inputs, targets = self.sample(rng, int(num), distribution)
-        inputs, targets = inputs.astype(np.int64, copy=False), targets.astype(np.int64, copy=False)
+        inputs, targets = self._checked_sample(inputs, targets, int(num))
         return Dataset(inputs, targets, list(self.vocab))
+
+    def _checked_sample(self, inputs, targets, num: int):
+        """``sample``'s arrays as int64, or a UserError naming the task's class and what is
+        wrong: the data of a plugin that breaks the contract never reaches a model."""
+        inputs, targets = np.asarray(inputs), np.asarray(targets)
+        problem = None
+        if inputs.ndim != 2 or inputs.shape != targets.shape or len(inputs) != num:
+            problem = (f"inputs of shape {inputs.shape} and targets of shape {targets.shape}, "
+                       f"not two arrays of shape [{num}, length]")
+        elif not (np.issubdtype(inputs.dtype, np.integer)
+                  and np.issubdtype(targets.dtype, np.integer)):
+            problem = f"arrays of {inputs.dtype} and {targets.dtype}, not integers"
+        elif inputs.size and not (0 <= inputs.min() and inputs.max() < len(self.vocab)):
+            problem = f"inputs outside the vocabulary's {len(self.vocab)} token ids"
+        elif targets.size and not np.all((targets == IGNORE_INDEX)
+                                         | ((0 <= targets) & (targets < len(self.vocab)))):
+            problem = (f"targets other than {IGNORE_INDEX} (not scored) and the vocabulary's "
+                       f"{len(self.vocab)} token ids")
+        if problem:
+            raise UserError(f"{_owner(type(self))}: sample() returned {problem}")
+        return inputs.astype(np.int64, copy=False), targets.astype(np.int64, copy=False)
 
     def tally(self, predictions: np.ndarray, targets: np.ndarray, split: str
               ) -> dict[str, np.ndarray]:

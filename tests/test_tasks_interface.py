@@ -266,3 +266,43 @@ def test_choices_booleans_and_optional_values():
     with pytest.raises(UserError, match="'limit'; it must be <= 10"):
         resolve_config(ExampleConfig, {"limit": 11}, "x")
     assert resolve_config(ExampleConfig, {"limit": "None"}, "x").limit is None
+
+
+class Broken(LegacyCount):
+    """A task whose sample breaks the contract in the way ``returned`` says."""
+
+    def __init__(self, returned):
+        super().__init__(splits=("train", "val", "test"))
+        self.returned = returned
+
+    def sample(self, rng, num, split):
+        tokens = np.zeros((num, 6), dtype=np.int64)
+        return {"short": (tokens[:-1], tokens[:-1]), "ragged": (tokens, tokens[:, :3]),
+                "floats": (tokens.astype(float), tokens), "out of vocab": (tokens + 9, tokens),
+                "bad target": (tokens, tokens - 5)}[self.returned]
+
+
+@pytest.mark.parametrize("returned, words", [
+    ("short", "not two arrays of shape [4, length]"),
+    ("ragged", "targets of shape (4, 3)"),
+    ("floats", "not integers"),
+    ("out of vocab", "inputs outside the vocabulary's 4 token ids"),
+    ("bad target", "targets other than -100 (not scored) and the vocabulary's 4 token ids"),
+])
+def test_a_sample_that_breaks_the_contract_is_a_one_line_error_naming_the_class(returned, words):
+    with pytest.raises(UserError, match="legacy_count.*test_tasks_interface.Broken.*sample") as caught:
+        Broken(returned).generate(4, seed=0, split="train")
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_run_defaults_and_presets_are_checked_when_the_class_is_defined():
+    class NoDefaults(LegacyCount):  # no run_defaults of its own: pathbench's defaults
+        run_defaults = {}
+
+    assert NoDefaults().run_defaults == {}
+    with pytest.raises(UserError, match="run_defaults must be a dict of settings by section"):
+        type("BadDefaults", (LegacyCount,), {"run_defaults": {"optimizer": {}}})
+    with pytest.raises(UserError, match="presets must be a dict with keys among cpu"):
+        type("BadPreset", (LegacyCount,), {"presets": {"laptop": {}}})
+    with pytest.raises(UserError, match=r"presets\['cpu'\] must be a dict of settings"):
+        type("BadPresetSections", (LegacyCount,), {"presets": {"cpu": {"data": {}}}})

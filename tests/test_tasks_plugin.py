@@ -59,3 +59,28 @@ def test_built_in_wins_a_name_collision(plugin_cli):
     result = plugin_cli("data", "flipflop", "--set", "length=8", "--show", "1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[2].split()[0] == "w"  # flip-flop tokens, not bits
+
+
+def test_plugin_task_and_attention_train_end_to_end_and_are_recorded(plugin_cli, tmp_path):
+    """The guide's example (docs/plugins.md): a plugin task trained by a plugin attention, on
+    the task's own cpu preset; the record names both packages and their version."""
+    import json
+
+    result = plugin_cli("run", "parity", "--model", "alibi", "--steps", "20", "--device", "cpu",
+                        "--out", "runs")
+    assert result.returncode == 0, result.stderr
+    [path] = (tmp_path / "runs").glob("*/result.json")
+    record = json.loads(path.read_text())
+    assert record["config"]["task"]["config"]["length"] == 16  # the plugin's cpu preset
+    assert record["config"]["train"]["eval_num"] == 256
+    assert record["provenance"]["plugins"] == {
+        "task": {"name": "parity", "package": PLUGIN, "version": "0.1.0"},
+        "attention": {"name": "alibi", "package": PLUGIN, "version": "0.1.0"}}
+    assert record["baselines"]["test"] == {"chance": 0.5}
+
+
+def test_a_broken_attention_plugin_is_a_usage_error_naming_it(plugin_cli, tmp_path):
+    result = plugin_cli("run", "parity", "--model", "broken", "--device", "cpu", "--out", "runs")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert f"attention 'broken' from plugin package '{PLUGIN}' failed to load" in result.stderr
+    assert not (tmp_path / "runs").exists()

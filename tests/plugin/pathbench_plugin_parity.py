@@ -34,6 +34,8 @@ class Parity(Task):
         "train": {"steps": 2000, "batch_size": 64, "lr": 1e-3, "warmup": 100,
                   "eval_num": 1024, "early_stop": 0.99},
     }
+    # `--preset cpu` (the default without a GPU): shorter strings, fewer steps.
+    presets = {"cpu": {"task": {"length": 16}, "train": {"steps": 300, "eval_num": 256}}}
 
     def __init__(self, overrides=None):
         super().__init__(overrides)
