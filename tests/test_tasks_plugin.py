@@ -84,3 +84,19 @@ def test_a_broken_attention_plugin_is_a_usage_error_naming_it(plugin_cli, tmp_pa
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert f"attention 'broken' from plugin package '{PLUGIN}' failed to load" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_guide_shows_the_installed_example_verbatim():
+    """docs/plugins.md's code is the package these tests install, so the guide cannot drift."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    guide = (root / "docs" / "plugins.md").read_text()
+    blocks = guide.split("```python\n")[1:]
+    shown = [block.split("```")[0] for block in blocks]
+    for name in ("pathbench_plugin_parity.py", "pathbench_plugin_attention.py"):
+        assert (root / "tests" / "plugin" / name).read_text() in shown, name
+    entry_points = guide.split("```toml\n")[1].split("```")[0]
+    pyproject = (root / "tests" / "plugin" / "pyproject.toml").read_text()
+    for line in entry_points.splitlines():
+        assert line in pyproject, line
