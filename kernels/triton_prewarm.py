@@ -16,9 +16,9 @@ import sys
 WORKER = """
 import torch
 from pathbench.kernels import triton_path as tp
-tp.FORCE_CONFIG.update({{"fwd": {fwd}, "bwd": {bwd}}})
+tp.settings.FORCE_CONFIG.update({{"fwd": {fwd}, "bwd": {bwd}}})
 # chunks at any length (head sizes that use them), so that every kernel compiles
-tp.ONE_CHUNK_TOKENS = tp.FWD_ONE_CHUNK_TOKENS = 0
+tp.settings.ONE_CHUNK_TOKENS = tp.settings.FWD_ONE_CHUNK_TOKENS = 0
 D, dt = {D}, torch.{dtype}
 T = 1100
 q, k, v = (torch.randn(1, T, 2, D, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))

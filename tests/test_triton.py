@@ -107,15 +107,15 @@ def test_matches_reference_float32(case):
 def test_gpu_block_size_and_several_backward_programs(monkeypatch):
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "INTERPRET_BLOCK", 64)
-    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 3)
+    monkeypatch.setattr(tp.settings, "INTERPRET_BLOCK", 64)
+    monkeypatch.setattr(tp.settings, "INTERPRET_GROUPS", 3)
     check_against_reference(make_inputs(1, 200, 2, 32, True, True))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (1000,))  # one chunk: the within-chunk scan's groups
+    monkeypatch.setattr(tp.settings, "INTERPRET_CHUNKS", (1000,))  # one chunk: the within-chunk scan's groups
     check_against_reference(make_inputs(1, 200, 2, 32, True, True))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (2,))
-    monkeypatch.setattr(tp, "INTERPRET_BLOCK", 32)
+    monkeypatch.setattr(tp.settings, "INTERPRET_CHUNKS", (2,))
+    monkeypatch.setattr(tp.settings, "INTERPRET_BLOCK", 32)
     check_against_reference(make_inputs(2, 100, 1, 16, False, True))
-    monkeypatch.setattr(tp, "INTERPRET_BLOCK", 128)
+    monkeypatch.setattr(tp.settings, "INTERPRET_BLOCK", 128)
     check_against_reference(make_inputs(1, 300, 1, 64, True, True))
 
 
@@ -129,9 +129,9 @@ def test_keys_many_chunks_back(monkeypatch, hh, pairs):
     past the end."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (32,) if pairs else ()))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (4,))
-    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
+    monkeypatch.setattr(tp.settings, "QUERY_PAIRS", dict.fromkeys(tp.settings.QUERY_PAIRS, (32,) if pairs else ()))
+    monkeypatch.setattr(tp.settings, "INTERPRET_CHUNKS", (4,))
+    monkeypatch.setattr(tp.settings, "INTERPRET_GROUPS", 2)
     args = make_inputs(2, 170, 1, 32, hh, False)
     args[0] = args[0] * 0.3
     check_against_reference(args, grad_tol=1e-5)
@@ -145,12 +145,12 @@ def test_chunks_in_levels(monkeypatch, hh, gate):
     Every level's cross-chunk scans run (counted), and the gradients add up across levels."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,)))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (2, 4, 8))
-    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
+    monkeypatch.setattr(tp.settings, "QUERY_PAIRS", dict.fromkeys(tp.settings.QUERY_PAIRS, (16,)))
+    monkeypatch.setattr(tp.settings, "INTERPRET_CHUNKS", (2, 4, 8))
+    monkeypatch.setattr(tp.settings, "INTERPRET_GROUPS", 2)
     crossed = []
-    across = tp._across_chunks
-    monkeypatch.setattr(tp, "_across_chunks", lambda C, *a, **k: crossed.append(C) or across(C, *a, **k))
+    across = tp.attention._across_chunks
+    monkeypatch.setattr(tp.attention, "_across_chunks", lambda C, *a, **k: crossed.append(C) or across(C, *a, **k))
     args = make_inputs(1, 250, 2, 16, hh, gate)
     args[0] = args[0] * 0.3  # soft attention: keys far back carry real gradient
     check_against_reference(args, grad_tol=1e-5)
@@ -166,20 +166,20 @@ def test_chunk_levels_rule(monkeypatch):
     import pathbench.kernels.triton_path as tp
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (2, 4, 8))
-    assert [tp._chunk_levels(N, 16, 16, cpu, 0) for N in (16, 24, 20, 8, 5, 2)] == [
+    monkeypatch.setattr(tp.settings, "INTERPRET_CHUNKS", (2, 4, 8))
+    assert [tp.settings.chunk_levels(N, 16, 16, cpu, 0) for N in (16, 24, 20, 8, 5, 2)] == [
         (2, 4, 8), (2, 4, 8), (2, 4), (2, 4), (2,), (2,)]
     gpu = SimpleNamespace(type="cuda")
     lengths = (768, 1024, 3584, 4096, 4160, 6144, 8192, 9216, 10048, 16384, 32768)
-    blocks = {T: tp._chunk_levels(T // 64, 64, 64, gpu, 768) for T in lengths}
+    blocks = {T: tp.settings.chunk_levels(T // 64, 64, 64, gpu, 768) for T in lengths}
     assert blocks == {768: (12,), 1024: (8,), 3584: (8,), 4096: (8, 16), 4160: (16,), 6144: (8, 16), 8192: (8, 16, 32),
                       9216: (8, 16), 10048: (16,), 16384: (8, 16, 32), 32768: (8, 16, 32, 64)}
-    forward = {T: tp._forward_chunk(-(-T // 64), 64, 64, gpu) for T in (2048, 2049, 4096, 4097, 16384)}
+    forward = {T: tp.settings.forward_chunk(-(-T // 64), 64, 64, gpu) for T in (2048, 2049, 4096, 4097, 16384)}
     assert forward == {2048: 32, 2049: 8, 4096: 8, 4097: 16, 16384: 16}
-    assert [tp._forward_chunk(N, 16, 16, cpu) for N in (16, 20)] == [8, 4]  # the outermost level taken
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (4, 6))
+    assert [tp.settings.forward_chunk(N, 16, 16, cpu) for N in (16, 20)] == [8, 4]  # the outermost level taken
+    monkeypatch.setattr(tp.settings, "INTERPRET_CHUNKS", (4, 6))
     with pytest.raises(ValueError, match="each must divide the next"):
-        tp._chunk_levels(24, 16, 16, cpu, 0)
+        tp.settings.chunk_levels(24, 16, 16, cpu, 0)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
@@ -190,9 +190,9 @@ def test_one_chunk_in_two_programs(monkeypatch, pairs):
     block past the end."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,) if pairs else ()))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (1000,))
-    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
+    monkeypatch.setattr(tp.settings, "QUERY_PAIRS", dict.fromkeys(tp.settings.QUERY_PAIRS, (16,) if pairs else ()))
+    monkeypatch.setattr(tp.settings, "INTERPRET_CHUNKS", (1000,))
+    monkeypatch.setattr(tp.settings, "INTERPRET_GROUPS", 2)
     check_against_reference(make_inputs(2, 109, 2, 16, True, True))
 
 
@@ -204,8 +204,8 @@ def test_query_pair_past_the_end_under_a_strong_gate(monkeypatch):
     that forgets fast makes their unnormalised probabilities overflow."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,)))
-    monkeypatch.setattr(tp, "INTERPRET_BLOCK", 32)
+    monkeypatch.setattr(tp.settings, "QUERY_PAIRS", dict.fromkeys(tp.settings.QUERY_PAIRS, (16,)))
+    monkeypatch.setattr(tp.settings, "INTERPRET_BLOCK", 32)
     args = make_inputs(1, 150, 2, 16, True, True)
     args[5] = torch.full_like(args[5], -20.0)
     check_against_reference(args)
@@ -238,12 +238,13 @@ def test_chunk_edges_match_torch(D, hh_dtype, tol):
         x[where] = 0.0
 
     ref_in = [x.double().requires_grad_(True) for x in (Qt, Kt, Mb)]
-    ref_out = tp.chunk_edges_reference(*ref_in, C)
+    ref_out = tp.edges.chunk_edges_reference(*ref_in, C)
     ref_grads = torch.autograd.grad(ref_out, ref_in, (dQs.double(), dKc.double(), dMc.double()))
 
-    prec = tp._prec(torch.float32, Qt.device)
-    opts = tp._launch("edges_fwd", BT, D, torch.float32, 4 if CUDA else None, 1)
-    Qs, Kc, Mc, PS, SS = tp._chunk_edges(Qt, Kt, Mb, C, prec, opts, save=True)
+    prec = tp.common.dot_precision(torch.float32, Qt.device)
+    opts = tp.settings.launch_options("edges_fwd", BT, D, torch.float32, 4 if CUDA else None, 1)
+    half = tp.settings.half_blocks(hh_dtype, D)
+    Qs, Kc, Mc, PS, SS = tp.edges.chunk_edges(Qt, Kt, Mb, C, prec, half, opts, save=True)
     assert PS.dtype == SS.dtype == hh_dtype
     read = ((slice(None), slice(None), slice(C * BT, None)), (slice(None), slice(None), slice(0, (NC - 1) * C * BT)),
             (slice(None), slice(None), slice(1, None)))
@@ -252,8 +253,8 @@ def test_chunk_edges_match_torch(D, hh_dtype, tol):
     start = [x.clone() for x in (dQt, dKt, dM)]
     for x, where in unread:
         x[where] = float("nan")
-    tp._chunk_edges_backward(Qt, Mb, PS, dQs, dMc, dQt, dM, C, prec, opts)
-    tp._chunk_edges_backward(Kt, Mb, SS, dKc, None, dKt, dM, C, prec, opts)
+    tp.edges.chunk_edges_backward(Qt, Mb, PS, dQs, dMc, dQt, dM, C, prec, half, opts)
+    tp.edges.chunk_edges_backward(Kt, Mb, SS, dKc, None, dKt, dM, C, prec, half, opts)
     for name, total, before, ref in zip(("dQt", "dKt", "dM"), (dQt, dKt, dM), start, ref_grads):
         assert rel(total - before, ref) <= tol, (name, rel(total - before, ref))
 
@@ -263,7 +264,7 @@ def test_backward_computing_the_block_algebra_again(monkeypatch):
     """Without the forward's block-local results the backward computes them again."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "KEEP_PREPROCESSING", False)
+    monkeypatch.setattr(tp.settings, "KEEP_PREPROCESSING", False)
     check_against_reference(make_inputs(1, 37, 2, 32, True, True))
     check_against_reference(make_inputs(2, 40, 1, 16, True, False))
 
@@ -273,10 +274,10 @@ def test_backward_computing_the_block_algebra_again(monkeypatch):
 def test_backward_reuses_the_forward_block_algebra(monkeypatch, keep, calls):
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "KEEP_PREPROCESSING", keep)
+    monkeypatch.setattr(tp.settings, "KEEP_PREPROCESSING", keep)
     prepared = []
-    original = tp._prepare
-    monkeypatch.setattr(tp, "_prepare", lambda *a: prepared.append(1) or original(*a))
+    original = tp.attention.prep_forward
+    monkeypatch.setattr(tp.attention, "prep_forward", lambda *a: prepared.append(1) or original(*a))
     args = [a.requires_grad_(True) for a in make_inputs(1, 37, 2, 16, True, True)]
     path_attention_triton(*args).sum().backward()
     assert len(prepared) == calls
@@ -319,7 +320,7 @@ def test_within_chunk_programs_split_the_tiles(N, QB, NG):
     cover the blocks its tiles reach, packed one after another; the work is shared about evenly."""
     import pathbench.kernels.triton_path as tp
 
-    spans = tp._within_spans(N, N, QB, NG)
+    spans = tp.bwd_within.within_spans(N, N, QB, NG)
     tiles = -(-N // QB)
     assert len(spans) == NG and spans[0][0] == 0 and spans[-1][1] == tiles
     at = 0
@@ -342,9 +343,9 @@ def test_scan_programs_fill_the_gpu_by_their_own_warps(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(
         multi_processor_count=132))
     gpu = torch.device("cuda", 0)
-    assert tp._num_groups(240, 16, gpu, 4) == 16
-    assert tp._num_groups(240, 16, gpu, 8) == 8
-    assert tp._num_groups(3, 16, gpu, 4) == 3
+    assert tp.settings.num_groups(240, 16, gpu, 4) == 16
+    assert tp.settings.num_groups(240, 16, gpu, 8) == 8
+    assert tp.settings.num_groups(3, 16, gpu, 4) == 3
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
@@ -363,12 +364,12 @@ def test_no_buffer_is_read_before_it_is_written(monkeypatch, chunks):
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: filled(empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: filled(empty_like(*a, **k)))
-    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,)))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", chunks)
-    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
+    monkeypatch.setattr(tp.settings, "QUERY_PAIRS", dict.fromkeys(tp.settings.QUERY_PAIRS, (16,)))
+    monkeypatch.setattr(tp.settings, "INTERPRET_CHUNKS", chunks)
+    monkeypatch.setattr(tp.settings, "INTERPRET_GROUPS", 2)
     T = 128 if len(chunks) > 1 else 109  # eight blocks: the levels divide them
-    N = -(-T // tp.INTERPRET_BLOCK)
-    assert len(tp._chunk_levels(N, tp.INTERPRET_BLOCK, 16, torch.device("cpu"), 0)) == len(chunks)
+    N = -(-T // tp.settings.INTERPRET_BLOCK)
+    assert len(tp.settings.chunk_levels(N, tp.settings.INTERPRET_BLOCK, 16, torch.device("cpu"), 0)) == len(chunks)
     for D, hh, gate in ((16, True, True), (32, True, False), (16, False, True)):
         check_against_reference(make_inputs(2, T, 1, D, hh, gate))
 
@@ -393,13 +394,13 @@ def test_every_gpu_configuration(monkeypatch, D):
     used (blocks of 64 tokens)."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
-    monkeypatch.setattr(tp, "FWD_ONE_CHUNK_TOKENS", 0)
+    monkeypatch.setattr(tp.settings, "ONE_CHUNK_TOKENS", 0)
+    monkeypatch.setattr(tp.settings, "FWD_ONE_CHUNK_TOKENS", 0)
 
     fwd, bwd = (tp.gpu_configs(kind, D, torch.bfloat16) for kind in ("fwd", "bwd"))
     tried = 0
     for i in range(max(len(fwd), len(bwd))):
-        tp.FORCE_CONFIG.update(fwd=fwd[min(i, len(fwd) - 1)], bwd=bwd[min(i, len(bwd) - 1)])
+        tp.settings.FORCE_CONFIG.update(fwd=fwd[min(i, len(fwd) - 1)], bwd=bwd[min(i, len(bwd) - 1)])
         try:
             args = make_inputs(2, 1100, 2, D, True, False, dtype=torch.bfloat16)
             ref_args = [a.double() if a is not None else None for a in args]
@@ -411,7 +412,7 @@ def test_every_gpu_configuration(monkeypatch, D):
                 continue
             raise
         finally:
-            tp.FORCE_CONFIG.clear()
+            tp.settings.FORCE_CONFIG.clear()
         tried += 1
         assert rel(out, ref) <= 2e-2, (i, rel(out, ref))
         for a, b in zip(g, rg):
@@ -444,7 +445,7 @@ def test_word_problem_shape_on_gpu():
     assert rel(out, ref) <= 2e-2
     for a, b in zip(g, rg):
         assert rel(a, b) <= 5e-2
-    chosen = {key[0]: cfg[0] for key, cfg in tp._CHOSEN.items()
+    chosen = {key[0]: cfg[0] for key, cfg in tp.chosen_configs().items()
               if key[1:3] == (32, torch.bfloat16) and key[-1] == 32}
     assert chosen == {"fwd": 32, "bwd": 32}
 
@@ -469,7 +470,7 @@ def test_low_precision_forward(monkeypatch, dtype):
     import pathbench.kernels.triton_path as tp
 
     B, T, H, D = (2, 1000, 2, 64) if CUDA else (1, 37, 2, 32)
-    monkeypatch.setattr(tp, "HALF_BLOCK_HEAD_DIMS", (D,))
+    monkeypatch.setattr(tp.settings, "HALF_BLOCK_HEAD_DIMS", (D,))
     args = make_inputs(B, T, H, D, True, True, dtype=dtype)
     check_against_reference(args, fwd_tol=2e-2, with_grad=False)
     # and the backward gives finite gradients in the input dtypes, close to float64's
@@ -491,10 +492,10 @@ def test_bfloat16_backward_at_any_gradient_scale(monkeypatch, dout_scale):
     crosses several blocks."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (4,))
-    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (32,)))
-    monkeypatch.setattr(tp, "HALF_ADJOINT_HEAD_DIMS", (32,))
-    monkeypatch.setattr(tp, "HALF_BLOCK_HEAD_DIMS", (32,))
+    monkeypatch.setattr(tp.settings, "INTERPRET_CHUNKS", (4,))
+    monkeypatch.setattr(tp.settings, "QUERY_PAIRS", dict.fromkeys(tp.settings.QUERY_PAIRS, (32,)))
+    monkeypatch.setattr(tp.settings, "HALF_ADJOINT_HEAD_DIMS", (32,))
+    monkeypatch.setattr(tp.settings, "HALF_BLOCK_HEAD_DIMS", (32,))
     args = make_inputs(1, 170, 2, 32, True, False)
     args[0] = args[0] * 0.3
     args = [a.bfloat16() if i < 3 else a for i, a in enumerate(args)]
@@ -574,8 +575,8 @@ def test_float16_on_gpu(monkeypatch, D):
     the head size takes chunks, else in one."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
-    monkeypatch.setattr(tp, "FWD_ONE_CHUNK_TOKENS", 0)
+    monkeypatch.setattr(tp.settings, "ONE_CHUNK_TOKENS", 0)
+    monkeypatch.setattr(tp.settings, "FWD_ONE_CHUNK_TOKENS", 0)
     check_against_reference(make_inputs(2, 1100, 2, D, True, True, dtype=torch.float16), fwd_tol=2e-2, grad_tol=5e-2)
 
 
@@ -587,7 +588,7 @@ def test_without_householder_in_16_bit(monkeypatch, dtype, gate):
     head sizes, the specialisations FoX models train on there."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
+    monkeypatch.setattr(tp.settings, "ONE_CHUNK_TOKENS", 0)
     B, T, H = (2, 1100, 2) if CUDA else (1, 70, 2)
     for D in (64, 128) if CUDA else (32,):
         check_against_reference(make_inputs(B, T, H, D, False, gate, dtype=dtype), fwd_tol=2e-2, grad_tol=5e-2)
@@ -600,10 +601,10 @@ def test_chunks_on_gpu(monkeypatch, D, gate):
     in float32 also at the smaller blocks of the backward at D = 128."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
-    monkeypatch.setattr(tp, "FWD_ONE_CHUNK_TOKENS", 0)
-    monkeypatch.setattr(tp, "CHUNKED_HEAD_DIMS", (D,))
-    monkeypatch.setattr(tp, "CHUNKED_BLOCKS", (16, 32, 64))
+    monkeypatch.setattr(tp.settings, "ONE_CHUNK_TOKENS", 0)
+    monkeypatch.setattr(tp.settings, "FWD_ONE_CHUNK_TOKENS", 0)
+    monkeypatch.setattr(tp.settings, "CHUNKED_HEAD_DIMS", (D,))
+    monkeypatch.setattr(tp.settings, "CHUNKED_BLOCKS", (16, 32, 64))
     check_against_reference(make_inputs(1, 1100, 2, D, True, gate))
     check_against_reference(make_inputs(1, 1100, 2, D, False, gate))
 
@@ -616,9 +617,9 @@ def test_chunk_levels_on_gpu(monkeypatch, D):
     gate and float32 without, against float64."""
     import pathbench.kernels.triton_path as tp
 
-    monkeypatch.setattr(tp, "LEVEL_CHUNKS", 2)
-    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
-    assert tp._chunk_levels(32, 64, D, torch.device(DEV), 0) == (8, 16)
+    monkeypatch.setattr(tp.settings, "LEVEL_CHUNKS", 2)
+    monkeypatch.setattr(tp.settings, "ONE_CHUNK_TOKENS", 0)
+    assert tp.settings.chunk_levels(32, 64, D, torch.device(DEV), 0) == (8, 16)
     check_against_reference(make_inputs(2, 2000, 2, D, True, True, dtype=torch.bfloat16), fwd_tol=2e-2, grad_tol=5e-2)
     check_against_reference(make_inputs(2, 2000, 2, D, True, False))
 
