@@ -1,11 +1,11 @@
 """Triton PaTH attention: forward and backward, optional forget gate, FoX on the same kernels.
 
 README.md beside this file has the algebra, the derivation of every backward pass, the data
-layout and the file map.
+layout, the file map and the design decisions.
 """
 
 from .attention import path_attention_triton, takes
-from .settings import SUPPORTED_HEAD_DIMS, chosen_configs, gpu_configs, kernel_launch_table
+from .settings import DEFAULT_SETTINGS, SUPPORTED_HEAD_DIMS, KernelSettings, chosen_configs
 
-__all__ = ["SUPPORTED_HEAD_DIMS", "chosen_configs", "gpu_configs", "kernel_launch_table", "path_attention_triton",
+__all__ = ["DEFAULT_SETTINGS", "SUPPORTED_HEAD_DIMS", "KernelSettings", "chosen_configs", "path_attention_triton",
            "takes"]

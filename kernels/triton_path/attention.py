@@ -8,8 +8,7 @@ import os
 
 import torch
 
-from . import settings
-from .settings import SUPPORTED_HEAD_DIMS, half_blocks, launch_options, num_groups, query_blocks, spec_key
+from .settings import DEFAULT_SETTINGS, SUPPORTED_HEAD_DIMS, KernelSettings, with_fallback
 
 try:
     from .bwd_across import cross_kv_scan, cross_q_scan
@@ -78,7 +77,7 @@ def _gate_cumsum(log_fgate, Tp):
     return (torch.cumsum(_to_blocks(log_fgate, Tp), dim=-1) * math.log2(math.e)).contiguous()
 
 
-def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
+def _forward(q, k, v, w, beta, log_fgate, scale, settings, keep=False):
     """(O, LSE, kept): O [B, H, T, D] in q's dtype, LSE [B, H, T] (float32, base 2); with keep,
     kept is the block-local results (Qt, Kt, M, SI, X) for the backward, else None."""
     B, T, H, D = q.shape
@@ -87,7 +86,7 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
     has_hh, has_gate = w is not None, log_fgate is not None
     qk, kk, wk, bk = _kernel_inputs(q, k, w, beta)
     prec = dot_precision(q.dtype, dev)
-    half = half_blocks(qk.dtype, D)
+    half = settings.half_blocks(qk.dtype, D)
 
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
@@ -96,21 +95,21 @@ def _forward(q, k, v, w, beta, log_fgate, scale, keep=False):
         Gf = _gate_cumsum(log_fgate, Tp)
 
         def opts(kernel):
-            return launch_options(kernel, BT, D, q.dtype, num_warps, num_stages)
+            return settings.launch_options(kernel, BT, D, q.dtype, num_warps, num_stages)
 
         Qt, Kt, Mb, SI, X = prep_forward(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, half, opts("prep_fwd"), keep)
         Qs, Kc, Mc = Qt, Kt, None
         if has_hh and N > C:
-            Qs, Kc, Mc, _, _ = chunk_edges(Qt, Kt, Mb, C, prec, half_blocks(Mb.dtype, D), opts("edges_fwd"))
+            Qs, Kc, Mc, _, _ = chunk_edges(Qt, Kt, Mb, C, prec, settings.half_blocks(Mb.dtype, D), opts("edges_fwd"))
         O, LSE = forward_scan(Qt, Qs, Kt, Kc, _to_blocks(v, Tp, sd).contiguous(), Mb, Mc, Gf, SI, C, scale,
-                              query_blocks("fwd", D), q.dtype, prec, q.dtype != torch.float32, opts("fwd"))
+                              settings.query_blocks("fwd", D), q.dtype, prec, q.dtype != torch.float32, opts("fwd"))
         return O[:, :, :T], LSE[:, :, :T], (Qt, Kt, Mb, SI, X) if keep else None
 
-    return settings.with_fallback("fwd", spec_key("fwd", q, has_hh, has_gate), D, dev, launch)
+    return with_fallback("fwd", q, has_hh, has_gate, settings, launch)
 
 
 def _across_chunks(C, Qt, Kt, Mb, V, dO, G, lse, delta, dQt, dKt, dV, dM, dGrow, dGcol, *, scale, scan, adj16,
-                   opts, replay_dtype):
+                   opts, replay_dtype, settings):
     """Add the gradients of the pairs of blocks in different chunks of C blocks (scans b to d of the
     backward) into dQt, dKt, dV, dM, dGrow and dGcol, all [B, H, Tp, ...] in place; queries cross
     to their chunk's start, keys to their chunk's end. Mb, G, dM and dGcol may be the stub."""
@@ -119,15 +118,15 @@ def _across_chunks(C, Qt, Kt, Mb, V, dO, G, lse, delta, dQt, dKt, dV, dM, dGrow,
     N = Tp // BT
     NC = -(-N // C)
     dev = Qt.device
-    half = has_hh and half_blocks(Mb.dtype, D)
+    half = has_hh and settings.half_blocks(Mb.dtype, D)
     if has_hh:
         Qs, Kc, Mc, PS, SS = chunk_edges(Qt, Kt, Mb, C, prec, half, opts("edges_fwd"), save=True)
     else:
         Qs, Kc, Mc = Qt, Kt, dummy(dev)
     # dQs and dL/dMc (queries first, QB blocks at a time), NGq programs per head with their own
     # partial sums
-    QB = query_blocks("cross_q", D)
-    NGq = num_groups(-(-(N - C) // QB), B * H, dev, opts("cross_q").get("num_warps"))
+    QB = settings.query_blocks("cross_q", D)
+    NGq = settings.num_groups(-(-(N - C) // QB), B * H, dev, opts("cross_q").get("num_warps"))
     dQs, dMcp = cross_q_scan(Qs, Kc, V, Mc, G, lse, dO, delta, dGrow, C, NGq, QB, scale, adj16, scan, replay_dtype,
                              opts("cross_q"))
     if has_hh:
@@ -138,7 +137,7 @@ def _across_chunks(C, Qt, Kt, Mb, V, dO, G, lse, delta, dQt, dKt, dV, dM, dGrow,
         dQt[:, :, C * BT:] += dQs[:, :, C * BT:]
     del dQs
     # dKc and the rest of dV (keys first)
-    NGk = num_groups((NC - 1) * C, B * H, dev, opts("cross_kv").get("num_warps"))
+    NGk = settings.num_groups((NC - 1) * C, B * H, dev, opts("cross_kv").get("num_warps"))
     dKc = cross_kv_scan(Qs, Kc, V, Mc, G, lse, dO, delta, dV, dGcol, C, NGk, scale, scan, replay_dtype,
                         opts("cross_kv"))
     if has_hh:
@@ -147,7 +146,7 @@ def _across_chunks(C, Qt, Kt, Mb, V, dO, G, lse, delta, dQt, dKt, dV, dM, dGrow,
         dKt[:, :, :(NC - 1) * C * BT] += dKc[:, :, :(NC - 1) * C * BT]
 
 
-def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
+def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, settings, kept=None):
     """Gradients (dq, dk, dv, dw, dbeta, dlog_fgate): dq and dk in q's dtype, dv in v's dtype and
     layout, the rest in float32, dlog_fgate in log_fgate's layout (None where an input is None).
     kept: the forward's block-local results, used when its blocks were the backward's; their
@@ -166,7 +165,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
         Tp = N * BT
-        levels = settings.chunk_levels(N, BT, D, dev, settings.ONE_CHUNK_TOKENS)
+        levels = settings.chunk_levels(N, BT, D, dev, settings.one_chunk_tokens)
         C = levels[0]
         NC = -(-N // C)
         pad = (0, Tp - T)
@@ -174,18 +173,18 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         f32 = dict(dtype=torch.float32, device=dev)
 
         def opts(kernel):
-            return launch_options(kernel, BT, D, q.dtype, num_warps, num_stages)
+            return settings.launch_options(kernel, BT, D, q.dtype, num_warps, num_stages)
 
         # the constexprs the three backward scans share
         scan = dict(D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, HH16=q.dtype != torch.float32)
-        adj16 = q.dtype != torch.float32 and D in settings.HALF_ADJOINT_HEAD_DIMS  # back_across
+        adj16 = q.dtype != torch.float32 and D in settings.half_adjoint_head_dims  # back_across
         # the block-local results: the forward's when its blocks were these, else computed again
         kept_now = unused.pop() if unused else None
         if kept_now is not None and kept_now[3].shape[2:] == (N, BT, BT):
             Qt, Kt, Mb, SI, XB = kept_now
         else:
-            Qt, Kt, Mb, SI, XB = prep_forward(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd, half_blocks(qk.dtype, D),
-                                              opts("prep_fwd"), True)
+            Qt, Kt, Mb, SI, XB = prep_forward(qk, kk, wk, bk, Gf, scale, BT, N, prec, sd,
+                                              settings.half_blocks(qk.dtype, D), opts("prep_fwd"), True)
         # the within-chunk scan reads v and dO in place; the scans across chunks, in blocks
         V, *vs = _in_place(v, sd)
         dO, *dos = _in_place(grad_out, sd)
@@ -196,8 +195,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
 
         # 1. pairs of blocks within a chunk, query blocks QBw at a time: NGw programs per chunk
         # (several only when one chunk spans the sequence)
-        QBw = query_blocks("within", D)
-        NGw = num_groups(-(-N // QBw), B * H, dev, opts("within").get("num_warps")) if NC == 1 else 1
+        QBw = settings.query_blocks("within", D)
+        NGw = settings.num_groups(-(-N // QBw), B * H, dev, opts("within").get("num_warps")) if NC == 1 else 1
         dQt = torch.empty(B, H, Tp, D, **f32)
         # (the scan sets every one of its sums: no zeros here)
         dKt = torch.empty(B, H, Tp, D, **f32)
@@ -205,8 +204,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
         dM = torch.empty(B, H, N, D, D, **f32) if has_hh else stub
         dGrow = torch.empty(B, H, Tp, **f32)
         dGcol = torch.empty(B, H, Tp, **f32) if has_gate else stub
-        within_scan(Qt, Kt, V, vs, dO, dos, O, Mb if has_hh else stub, G, SI, lse, delta,
-                    dQt, dKt, dV, dM, dGrow, dGcol, T, C, NGw, QBw, scale, adj16, scan, product_dtype(q), opts("within"))
+        within_scan(Qt, Kt, V, vs, dO, dos, O, Mb if has_hh else stub, G, SI, lse, delta, dQt, dKt, dV, dM, dGrow,
+                    dGcol, T, C, NGw, QBw, scale, adj16, scan, product_dtype(q), opts("within"))
         dSI = SI  # the intra-block logits' gradient overwrote them
 
         # 2. pairs across chunks, level by level; an outer level's chunks are sequences of their own
@@ -218,7 +217,8 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
                 _across_chunks(level, *(x if x is stub else x.view(1, B * H * N // span, -1, *x.shape[3:])
                                         for x in (Qt, Kt, Mb if has_hh else stub, V, dO, G, lse, delta,
                                                   dQt, dKt, dV, dM, dGrow, dGcol)),
-                               scale=scale, scan=scan, adj16=adj16, opts=opts, replay_dtype=product_dtype(q))
+                               scale=scale, scan=scan, adj16=adj16, opts=opts, replay_dtype=product_dtype(q),
+                               settings=settings)
 
         # 3. the block-local algebra; dv's float32 sums go first, as dv in v's dtype and layout
         # (a gradient in another layout than its input's is copied again by autograd)
@@ -245,7 +245,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
                           dQt, dKt, dSI, dM if has_hh else stub, XB if has_hh else stub, dQWK,
                           dq, dk, dq_out, dk_out, dw, dbeta, dGl, scale,
                           has_hh=has_hh, has_gate=has_gate, prec=prec, xprec=inversion_precision(q.dtype, dev),
-                          half=half_blocks(q.dtype, D), launch_opts=opts("prep_bwd"))
+                          half=settings.half_blocks(q.dtype, D), launch_opts=opts("prep_bwd"))
             if part == done_q:
                 dQt = dq = stub
         dlf = None
@@ -257,18 +257,19 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, kept=None):
             dw = dbeta = None
         return dq_out.to(q.dtype), dk_out.to(q.dtype), dv, dw, dbeta, dlf
 
-    return settings.with_fallback("bwd", spec_key("bwd", q, has_hh, has_gate), D, dev, launch)
+    return with_fallback("bwd", q, has_hh, has_gate, settings, launch)
 
 
 class _PathAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, w, beta, log_fgate, scale, grad_needed):
+    def forward(ctx, q, k, v, w, beta, log_fgate, scale, grad_needed, settings):
         # the block-local algebra must stay in float32 whatever autocast says
-        keep = settings.KEEP_PREPROCESSING and grad_needed
+        keep = settings.keep_preprocessing and grad_needed
         with torch.autocast(q.device.type, enabled=False), torch.no_grad():
-            O, LSE, kept = _forward(q, k, v, w, beta, log_fgate, scale, keep)
+            O, LSE, kept = _forward(q, k, v, w, beta, log_fgate, scale, settings, keep)
         ctx.save_for_backward(q, k, v, w, beta, log_fgate, O, LSE, *(kept or (None,) * 5))
         ctx.scale = scale
+        ctx.settings = settings
         ctx.kept_spent = False
         return O.transpose(1, 2)
 
@@ -280,9 +281,9 @@ class _PathAttention(torch.autograd.Function):
         kept = None if kept[0] is None or ctx.kept_spent else tuple(kept)
         ctx.kept_spent = True
         with torch.autocast(q.device.type, enabled=False):
-            grads = _backward(q, k, v, w, beta, log_fgate, ctx.scale, O, LSE, grad_out, kept)
+            grads = _backward(q, k, v, w, beta, log_fgate, ctx.scale, O, LSE, grad_out, ctx.settings, kept)
         like = (q, k, v, w, beta, log_fgate)
-        return tuple(None if g is None else g.to(x.dtype) for g, x in zip(grads, like)) + (None, None)
+        return tuple(None if g is None else g.to(x.dtype) for g, x in zip(grads, like)) + (None, None, None)
 
 
 def takes(q) -> bool:
@@ -298,7 +299,8 @@ def _check(q, k, v, w, beta, log_fgate):
     if T < 1:
         raise ValueError("sequence length must be at least 1")
     if D not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head size D={D} is not supported by the Triton PaTH kernel; supported: {SUPPORTED_HEAD_DIMS}")
+        raise ValueError(
+            f"head size D={D} is not supported by the Triton PaTH kernel; supported: {SUPPORTED_HEAD_DIMS}")
     for name, x in (("k", k), ("v", v)):
         if tuple(x.shape) != tuple(q.shape):
             raise ValueError(f"{name} has shape {tuple(x.shape)}, expected q's shape {tuple(q.shape)} ([B, T, H, D])")
@@ -338,25 +340,31 @@ def _check(q, k, v, w, beta, log_fgate):
         raise RuntimeError(f"the Triton PaTH kernel supports CUDA tensors, not device {dev.type!r}")
 
 
-def path_attention_triton(q, k, v, w=None, beta=None, log_fgate=None, scale=None):
+def path_attention_triton(q, k, v, w=None, beta=None, log_fgate=None, scale=None,
+                          settings: KernelSettings | None = None):
     """PaTH / PaTH-FoX / FoX attention output [B, T, H, D] on the Triton kernels (autograd-aware).
 
     w/beta None drops the Householder part (FoX, or plain causal softmax without a gate);
-    log_fgate None drops the forget gate. scale defaults to D**-0.5.
+    log_fgate None drops the forget gate. scale defaults to D**-0.5. settings: the launch
+    settings (DEFAULT_SETTINGS if None).
 
     Under torch.compile the kernels are the opaque operators pathbench::path_attention_forward
-    and pathbench::path_attention_backward, so a compiled model stays one graph; their backward
-    computes the block-local algebra again instead of keeping it from the forward.
+    and pathbench::path_attention_backward, so a compiled model stays one graph; they run the
+    default settings, and their backward computes the block-local algebra again instead of
+    keeping it from the forward.
     """
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if torch.compiler.is_compiling():
+        if settings is not None and settings is not DEFAULT_SETTINGS:
+            raise ValueError("under torch.compile the kernels run the default settings")
         O, _ = torch.ops.pathbench.path_attention_forward(q, k, v, w, beta, log_fgate, float(scale))
         return O.transpose(1, 2)
     _check(q, k, v, w, beta, log_fgate)
     grad_needed = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, w, beta, log_fgate))
-    return _PathAttention.apply(q, k, v, w, beta, log_fgate, float(scale), grad_needed)
+    return _PathAttention.apply(q, k, v, w, beta, log_fgate, float(scale), grad_needed,
+                                DEFAULT_SETTINGS if settings is None else settings)
 
 
 # The operators torch.compile sees. The forward gives O [B, H, T, D] and the log-sum-exp of
@@ -369,7 +377,7 @@ def path_attention_triton(q, k, v, w=None, beta=None, log_fgate=None, scale=None
 def _forward_op(q, k, v, w, beta, log_fgate, scale):
     _check(q, k, v, w, beta, log_fgate)
     with torch.autocast(q.device.type, enabled=False):
-        O, LSE, _ = _forward(q, k, v, w, beta, log_fgate, scale)
+        O, LSE, _ = _forward(q, k, v, w, beta, log_fgate, scale, DEFAULT_SETTINGS)
     return O.contiguous(), LSE.contiguous()
 
 
@@ -385,7 +393,7 @@ def _forward_op_fake(q, k, v, w, beta, log_fgate, scale):
            "Tensor O, Tensor LSE, Tensor grad_out, float scale) -> Tensor[]")
 def _backward_op(q, k, v, w, beta, log_fgate, O, LSE, grad_out, scale):
     with torch.autocast(q.device.type, enabled=False):
-        grads = _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out)
+        grads = _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, DEFAULT_SETTINGS)
     return [q.new_empty(0, dtype=torch.float32) if g is None else g.contiguous() for g in grads]
 
 
