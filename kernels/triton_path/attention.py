@@ -13,8 +13,8 @@ from .settings import DEFAULT_SETTINGS, SUPPORTED_HEAD_DIMS, KernelSettings, wit
 try:
     from .bwd_across import cross_kv_scan, cross_q_scan
     from .bwd_within import within_scan
-    from .edges import chunk_edges, chunk_edges_backward
     from .common import dot_precision, dummy, inversion_precision, product_dtype, storage_dtype
+    from .edges import chunk_edges, chunk_edges_backward
     from .fwd_scan import forward_scan
     from .prep_bwd import prep_backward
     from .prep_fwd import prep_forward
@@ -86,7 +86,7 @@ def _forward(q, k, v, w, beta, log_fgate, scale, settings, keep=False):
     has_hh, has_gate = w is not None, log_fgate is not None
     qk, kk, wk, bk = _kernel_inputs(q, k, w, beta)
     prec = dot_precision(q.dtype, dev)
-    half = settings.half_blocks(qk.dtype, D)
+    half = settings.half_blocks(qk.dtype, D)  # for the dtype the preprocessing reads
 
     def launch(BT, num_warps, num_stages):
         N = -(-T // BT)
@@ -110,9 +110,10 @@ def _forward(q, k, v, w, beta, log_fgate, scale, settings, keep=False):
 
 def _across_chunks(C, Qt, Kt, Mb, V, dO, G, lse, delta, dQt, dKt, dV, dM, dGrow, dGcol, *, scale, scan, adj16,
                    opts, replay_dtype, settings):
-    """Add the gradients of the pairs of blocks in different chunks of C blocks (scans b to d of the
-    backward) into dQt, dKt, dV, dM, dGrow and dGcol, all [B, H, Tp, ...] in place; queries cross
-    to their chunk's start, keys to their chunk's end. Mb, G, dM and dGcol may be the stub."""
+    """Add the gradients of the pairs of blocks in different chunks of C blocks (the chunk edges,
+    the queries-first and keys-first scans, and the chunk edges' backward) into dQt, dKt, dV, dM,
+    dGrow and dGcol, all [B, H, Tp, ...] in place; queries cross to their chunk's start, keys to
+    their chunk's end. Mb, G, dM and dGcol may be stubs."""
     B, H, Tp, D = Qt.shape
     BT, has_hh, prec = scan["BT"], scan["HAS_HH"], scan["PREC"]
     N = Tp // BT

@@ -16,6 +16,9 @@ def prep_fwd_kernel(
     HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HPREC: tl.constexpr,
     SAVE_X: tl.constexpr, XPREC: tl.constexpr, HALF: tl.constexpr,
 ):
+    # One program per (block ib, batch*head bh). Q, K, W: [B, T, H, D] and BETA: [B, T, H], read in
+    # place; G: [B, H, Tp]; writes QT, KT: [B, H, Tp, D], MB: [B, H, N, D, D], SI and XO:
+    # [B, H, N, BT, BT]. Without w (HAS_HH false) Qt = Q, Kt = K and S = scale Q K^T (+ gate).
     ib = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
