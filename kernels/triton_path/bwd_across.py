@@ -1,5 +1,5 @@
 """Backward scans across chunks: queries first (the queries' gradient and the chunk products'),
-then keys first (the keys' and values' gradients) (README.md, "Backward across chunks")."""
+then keys first (the keys' and values' gradients) (README.md, "The backward passes")."""
 
 import torch
 import triton

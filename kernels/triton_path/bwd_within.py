@@ -1,5 +1,5 @@
 """Backward scan within chunks: the gradients of the pairs of blocks in one chunk, and delta =
-rowsum(dO o O) for the other scans (README.md, "Backward within chunks")."""
+rowsum(dO o O) for the other scans (README.md, "The backward passes")."""
 
 import torch
 import triton

@@ -1,5 +1,6 @@
 """Chunk edges: the queries moved to their chunk's start, the keys to their chunk's end, and each
-chunk's product, forward and backward, and the same in torch (README.md, "Chunks")."""
+chunk's product, forward and backward, and the same in torch (README.md, "The algebra" and "The
+backward passes")."""
 
 import torch
 import triton

@@ -1,5 +1,5 @@
 """Forward scan: online softmax of each query block over the key blocks before it, block by
-block within its chunk, then chunk by chunk (README.md, "Forward scan")."""
+block within its chunk, then chunk by chunk (README.md, "The kernels, in call order")."""
 
 import torch
 import triton

@@ -1,6 +1,6 @@
 """Preprocessing backward: the gradients of q, k, w, beta and the gate's intra-block terms from
 those of the moved queries and keys, the intra-block logits and the block products (README.md,
-"Preprocessing backward")."""
+"The backward passes")."""
 
 import triton
 import triton.language as tl

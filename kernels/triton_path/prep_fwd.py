@@ -1,5 +1,5 @@
 """Preprocessing forward: each block's UT inverse, product, moved queries and keys, and
-intra-block logits (README.md, "Preprocessing")."""
+intra-block logits (README.md, "The algebra")."""
 
 import torch
 import triton
