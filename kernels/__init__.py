@@ -1,8 +1,9 @@
 """Attention functions shared by every model: layout [B, T, H, D], causal, any float dtype.
 
-- ``path_attention``: PaTH, PaTH-FoX and FoX behind one call (ATTENTION.md). On CUDA tensors it
-  uses the Triton kernel where that is available and takes the inputs (head sizes 16, 32, 64
-  and 128; float32, float16 and bfloat16), elsewhere the blockwise torch implementation.
+- ``path_attention``: PaTH, PaTH-FoX and FoX behind one call (its docstring gives the logits).
+  On CUDA tensors it uses the Triton kernel where that is available and takes the inputs (head
+  sizes 16, 32, 64 and 128; float32, float16 and bfloat16), elsewhere the blockwise torch
+  implementation.
 - ``softmax_attention`` (nope, rope=True for rope) and ``sba_attention`` (stick-breaking).
 - ``softmax_probs``, ``sba_probs`` and ``path_probs``: [B, H, T, T] attention weights, for
   inspection; they materialise every logit (PaTH through the reference implementation).

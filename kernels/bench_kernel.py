@@ -320,8 +320,8 @@ def bench_kernel(out_dir, impls, quick, compile_only, profile, seqlens):
     if "ours" in impls:
         from pathbench.kernels import triton_path
 
-        for key, cfg in sorted(triton_path._CHOSEN.items(), key=str):
-            own = triton_path.kernel_launch_table(cfg[0], key[1], key[2]) is not None
+        for key, cfg in sorted(triton_path.chosen_configs().items(), key=str):
+            own = triton_path.DEFAULT_SETTINGS.kernel_launch_table(cfg[0], key[1], key[2]) is not None
             click.echo(f"ours: configuration {cfg} (BT, warps, stages) for {key}"
                        + ("; each kernel's own warps and stages" if own else ""))
     click.echo(f"wrote {out / 'kernel_bench.csv'} and {out / 'kernel_bench.png'}")

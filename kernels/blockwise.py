@@ -1,7 +1,7 @@
 """Blockwise PaTH attention in plain torch: the training path on machines without Triton.
 
-The blocks of the GPU kernel (ATTENTION.md, "The blockwise algorithm"), written with batched
-matmuls. For blocks of C = 64 tokens:
+The blocks of the GPU kernel (triton_path/README.md, "The blockwise algorithm"), written with
+batched matmuls. For blocks of C = 64 tokens:
 
 1. Within each block (`_WithinBlocks`): one C x C unit lower-triangular matrix, inverted once,
    gives the intra-block logits, each query moved to its block's start, each key moved to its

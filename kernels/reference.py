@@ -1,4 +1,5 @@
-"""Materialised PaTH attention: the global UT formula of ATTENTION.md, in plain torch.
+"""Materialised PaTH attention: every logit from the global UT form of the Householder products
+(triton_path/README.md, "The algebra"), in plain torch.
 
 Cost O(T^2 D + T^3) time and O(T^2) memory: the obviously-correct reference that every faster
 path is tested against, and the source of attention maps for inspection. Not a training path.

@@ -14,18 +14,20 @@ import subprocess
 import sys
 
 WORKER = """
+import dataclasses
 import torch
 from pathbench.kernels import triton_path as tp
-tp.FORCE_CONFIG.update({{"fwd": {fwd}, "bwd": {bwd}}})
-# chunks at any length (head sizes that use them), so that every kernel compiles
-tp.ONE_CHUNK_TOKENS = tp.FWD_ONE_CHUNK_TOKENS = 0
+# the first configuration forced, and chunks at any length (head sizes that use them), so that
+# every kernel compiles
+settings = dataclasses.replace(tp.DEFAULT_SETTINGS, force_fwd_config={fwd}, force_bwd_config={bwd},
+                               one_chunk_tokens=0, fwd_one_chunk_tokens=0)
 D, dt = {D}, torch.{dtype}
 T = 1100
 q, k, v = (torch.randn(1, T, 2, D, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
 w = torch.nn.functional.normalize(torch.randn(1, T, 2, D, device="cuda"), dim=-1) if {hh} else None
 beta = 2 * torch.rand(1, T, 2, device="cuda") if {hh} else None
 lf = torch.nn.functional.logsigmoid(torch.randn(1, T, 2, device="cuda") + 2) if {gate} else None
-tp.path_attention_triton(q, k, v, w, beta, lf).float().sum().backward()
+tp.path_attention_triton(q, k, v, w, beta, lf, settings=settings).float().sum().backward()
 torch.cuda.synchronize()
 """
 
@@ -43,7 +45,7 @@ def main(argv=None):
     jobs = []
     for D in args.dims:
         dtype = getattr(torch, args.dtype)
-        fwd, bwd = (tp.gpu_configs(kind, D, dtype)[0] for kind in ("fwd", "bwd"))
+        fwd, bwd = (tp.DEFAULT_SETTINGS.gpu_configs(kind, D, dtype)[0] for kind in ("fwd", "bwd"))
         for gate in ([False, True] if args.gate else [False]):
             code = WORKER.format(fwd=fwd, bwd=bwd, D=D, dtype=args.dtype, hh=True, gate=gate)
             proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,

@@ -240,8 +240,8 @@ class TrainStep:
 
 # Inductor's advice, printed for compiled graphs, that does not apply here: the float32 products
 # left under bf16 autocast are PaTH's block algebra (the torch path, at head sizes the Triton
-# kernel does not take), kept in float32 on purpose (ATTENTION.md), which TF32 would round; and a
-# reduction that gave up online softmax costs only that reduction some speed.
+# kernel does not take), kept in float32 on purpose (a triangular inverse), which TF32 would
+# round; and a reduction that gave up online softmax costs only that reduction some speed.
 warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores for float32 matrix multiplication")
 warnings.filterwarnings("ignore", message="\nOnline softmax is disabled on the fly")
 

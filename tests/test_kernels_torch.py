@@ -37,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------------------------------------
-# Brute force from the definitions (ATTENTION.md)
+# Brute force from the definitions: the logits of path_attention's docstring, product by product
 
 
 def brute_path_logits(q, k, w=None, beta=None, log_fgate=None, scale=None):

@@ -1,11 +1,15 @@
 """The Triton PaTH kernel against the float64 reference (and, on CUDA, the torch blockwise path).
 
 Without CUDA the kernels run under the Triton interpreter (TRITON_INTERPRET=1, set here before
-the kernel module defines its kernels) at small shapes; with CUDA the same tests run at larger
-shapes on the GPU, plus long-sequence checks against the torch implementation.
+the kernel package is imported, which defines its kernels) at small shapes; with CUDA the same
+tests run at larger shapes on the GPU, plus long-sequence checks against the torch
+implementation. Tests vary the kernels' launch settings with dataclasses.replace on
+DEFAULT_SETTINGS and pass the variant in.
 """
 
 import os
+from dataclasses import replace
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +23,9 @@ triton = pytest.importorskip("triton")
 
 from pathbench.kernels import path_attention  # noqa: E402
 from pathbench.kernels.reference import path_attention_reference  # noqa: E402
-from pathbench.kernels.triton_path import path_attention_triton  # noqa: E402
+from pathbench.kernels.triton_path import DEFAULT_SETTINGS, chosen_configs, path_attention_triton  # noqa: E402
+from pathbench.kernels.triton_path import attention, bwd_within, edges  # noqa: E402
+from pathbench.kernels.triton_path.common import dot_precision  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 F = torch.nn.functional
@@ -56,17 +62,23 @@ def grads(fn, args, dout):
     return out.detach(), list(gs)
 
 
-def check_against_reference(args, fwd_tol=1e-4, grad_tol=1e-3, with_grad=True):
+def in_pairs(*dims):
+    """Settings fields: query blocks two at a time at head sizes dims, in every kernel that can."""
+    return dict(fwd_pairs=dims, within_pairs=dims, cross_q_pairs=dims)
+
+
+def check_against_reference(args, fwd_tol=1e-4, grad_tol=1e-3, with_grad=True, settings=None):
+    kernel = partial(path_attention_triton, settings=settings)
     ref_args = [a.double() if a is not None else None for a in args]
     if not with_grad:
         with torch.no_grad():
-            out = path_attention_triton(*args)
+            out = kernel(*args)
             ref = path_attention_reference(*ref_args)
         assert out.dtype == args[0].dtype
         assert rel(out, ref) <= fwd_tol, rel(out, ref)
         return
     dout = torch.randn(args[0].shape, device=DEV, dtype=torch.float64)
-    out, g = grads(path_attention_triton, args, dout)
+    out, g = grads(kernel, args, dout)
     ref, rg = grads(path_attention_reference, ref_args, dout)
     assert torch.isfinite(out).all()
     assert rel(out, ref) <= fwd_tol, ("forward", rel(out, ref))
@@ -104,37 +116,30 @@ def test_matches_reference_float32(case):
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
-def test_gpu_block_size_and_several_backward_programs(monkeypatch):
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "INTERPRET_BLOCK", 64)
-    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 3)
-    check_against_reference(make_inputs(1, 200, 2, 32, True, True))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (1000,))  # one chunk: the within-chunk scan's groups
-    check_against_reference(make_inputs(1, 200, 2, 32, True, True))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (2,))
-    monkeypatch.setattr(tp, "INTERPRET_BLOCK", 32)
-    check_against_reference(make_inputs(2, 100, 1, 16, False, True))
-    monkeypatch.setattr(tp, "INTERPRET_BLOCK", 128)
-    check_against_reference(make_inputs(1, 300, 1, 64, True, True))
+def test_gpu_block_size_and_several_backward_programs():
+    settings = replace(DEFAULT_SETTINGS, interpret_block=64, interpret_groups=3)
+    check_against_reference(make_inputs(1, 200, 2, 32, True, True), settings=settings)
+    settings = replace(settings, interpret_chunks=(1000,))  # one chunk: the within-chunk scan's groups
+    check_against_reference(make_inputs(1, 200, 2, 32, True, True), settings=settings)
+    settings = replace(settings, interpret_chunks=(2,), interpret_block=32)
+    check_against_reference(make_inputs(2, 100, 1, 16, False, True), settings=settings)
+    settings = replace(settings, interpret_block=128)
+    check_against_reference(make_inputs(1, 300, 1, 64, True, True), settings=settings)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
 @pytest.mark.parametrize("hh", [True, False], ids=["path", "softmax"])
 @pytest.mark.parametrize("pairs", [False, True], ids=["single", "pairs"])
-def test_keys_many_chunks_back(monkeypatch, hh, pairs):
+def test_keys_many_chunks_back(hh, pairs):
     """Soft attention without a gate, so that keys several chunks back carry real gradient;
     chunks of four blocks, the last one of three, two backward programs per head. With pairs,
     the forward and the scans take query blocks two at a time, and the last pair has one block
     past the end."""
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (32,) if pairs else ()))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (4,))
-    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
+    settings = replace(DEFAULT_SETTINGS, **in_pairs(*((32,) if pairs else ())), interpret_chunks=(4,),
+                       interpret_groups=2)
     args = make_inputs(2, 170, 1, 32, hh, False)
     args[0] = args[0] * 0.3
-    check_against_reference(args, grad_tol=1e-5)
+    check_against_reference(args, grad_tol=1e-5, settings=settings)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
@@ -143,72 +148,59 @@ def test_chunks_in_levels(monkeypatch, hh, gate):
     """Chunks of two blocks crossed inside chunks of four, which are crossed inside chunks of
     eight: sixteen blocks, the last one partial, query blocks in pairs and two programs a head.
     Every level's cross-chunk scans run (counted), and the gradients add up across levels."""
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,)))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (2, 4, 8))
-    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
+    settings = replace(DEFAULT_SETTINGS, **in_pairs(16), interpret_chunks=(2, 4, 8), interpret_groups=2)
     crossed = []
-    across = tp._across_chunks
-    monkeypatch.setattr(tp, "_across_chunks", lambda C, *a, **k: crossed.append(C) or across(C, *a, **k))
+    across = attention._across_chunks
+    monkeypatch.setattr(attention, "_across_chunks", lambda C, *a, **k: crossed.append(C) or across(C, *a, **k))
     args = make_inputs(1, 250, 2, 16, hh, gate)
     args[0] = args[0] * 0.3  # soft attention: keys far back carry real gradient
-    check_against_reference(args, grad_tol=1e-5)
+    check_against_reference(args, grad_tol=1e-5, settings=settings)
     assert crossed == [2, 4, 8]
 
 
-def test_chunk_levels_rule(monkeypatch):
+def test_chunk_levels_rule():
     """Outer levels whose chunks do not divide the sequence go, and so do levels that span it.
     On the GPU, chunks of 512 tokens double level by level while the sequence holds at least
     eight of the longest (more than eight once they are 2048 tokens long); a sequence left with
     one level of more than eight chunks takes chunks of 1024 tokens. The forward takes one chunk
     up to 2048 tokens, then chunks of 512 up to 4096 and of 1024 beyond."""
-    import pathbench.kernels.triton_path as tp
-
     cpu = torch.device("cpu")
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (2, 4, 8))
-    assert [tp._chunk_levels(N, 16, 16, cpu, 0) for N in (16, 24, 20, 8, 5, 2)] == [
+    settings = replace(DEFAULT_SETTINGS, interpret_chunks=(2, 4, 8))
+    assert [settings.chunk_levels(N, 16, 16, cpu, 0) for N in (16, 24, 20, 8, 5, 2)] == [
         (2, 4, 8), (2, 4, 8), (2, 4), (2, 4), (2,), (2,)]
     gpu = SimpleNamespace(type="cuda")
     lengths = (768, 1024, 3584, 4096, 4160, 6144, 8192, 9216, 10048, 16384, 32768)
-    blocks = {T: tp._chunk_levels(T // 64, 64, 64, gpu, 768) for T in lengths}
+    blocks = {T: settings.chunk_levels(T // 64, 64, 64, gpu, 768) for T in lengths}
     assert blocks == {768: (12,), 1024: (8,), 3584: (8,), 4096: (8, 16), 4160: (16,), 6144: (8, 16), 8192: (8, 16, 32),
                       9216: (8, 16), 10048: (16,), 16384: (8, 16, 32), 32768: (8, 16, 32, 64)}
-    forward = {T: tp._forward_chunk(-(-T // 64), 64, 64, gpu) for T in (2048, 2049, 4096, 4097, 16384)}
+    forward = {T: settings.forward_chunk(-(-T // 64), 64, 64, gpu) for T in (2048, 2049, 4096, 4097, 16384)}
     assert forward == {2048: 32, 2049: 8, 4096: 8, 4097: 16, 16384: 16}
-    assert [tp._forward_chunk(N, 16, 16, cpu) for N in (16, 20)] == [8, 4]  # the outermost level taken
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (4, 6))
+    assert [settings.forward_chunk(N, 16, 16, cpu) for N in (16, 20)] == [8, 4]  # the outermost level taken
     with pytest.raises(ValueError, match="each must divide the next"):
-        tp._chunk_levels(24, 16, 16, cpu, 0)
+        replace(settings, interpret_chunks=(4, 6)).chunk_levels(24, 16, 16, cpu, 0)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
 @pytest.mark.parametrize("pairs", [False, True], ids=["single", "pairs"])
-def test_one_chunk_in_two_programs(monkeypatch, pairs):
+def test_one_chunk_in_two_programs(pairs):
     """Seven blocks in one chunk, split between two within-chunk programs; with pairs, the
     forward and the within-chunk scan take query blocks two at a time, and the last pair has one
     block past the end."""
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,) if pairs else ()))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (1000,))
-    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
-    check_against_reference(make_inputs(2, 109, 2, 16, True, True))
+    settings = replace(DEFAULT_SETTINGS, **in_pairs(*((16,) if pairs else ())), interpret_chunks=(1000,),
+                       interpret_groups=2)
+    check_against_reference(make_inputs(2, 109, 2, 16, True, True), settings=settings)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp2:RuntimeWarning")  # the overflow this test makes
-def test_query_pair_past_the_end_under_a_strong_gate(monkeypatch):
+def test_query_pair_past_the_end_under_a_strong_gate():
     """Five blocks in chunks of two, query blocks in pairs: the last pair of the forward and of
     the scans has one block past the end. Its rows must carry no gradient even where a gate
     that forgets fast makes their unnormalised probabilities overflow."""
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,)))
-    monkeypatch.setattr(tp, "INTERPRET_BLOCK", 32)
+    settings = replace(DEFAULT_SETTINGS, **in_pairs(16), interpret_block=32)
     args = make_inputs(1, 150, 2, 16, True, True)
     args[5] = torch.full_like(args[5], -20.0)
-    check_against_reference(args)
+    check_against_reference(args, settings=settings)
 
 
 @pytest.mark.parametrize("D, hh_dtype, tol", [(16, torch.float32, 1e-5), (64, torch.float32, 1e-5),
@@ -220,8 +212,6 @@ def test_chunk_edges_match_torch(D, hh_dtype, tol):
     gradients that the scans leave zero (the first chunk's dQs and dMc, the last chunk's dKc)
     are NaN for the kernels: they must not be read. Neither are the first chunk's Qs and Mc and
     the last chunk's Kc, which the kernels leave unset."""
-    import pathbench.kernels.triton_path as tp
-
     B, H, BT, N, C = 2, 2, 16, 7, 3
     NC = -(-N // C)
 
@@ -238,12 +228,13 @@ def test_chunk_edges_match_torch(D, hh_dtype, tol):
         x[where] = 0.0
 
     ref_in = [x.double().requires_grad_(True) for x in (Qt, Kt, Mb)]
-    ref_out = tp.chunk_edges_reference(*ref_in, C)
+    ref_out = edges.chunk_edges_reference(*ref_in, C)
     ref_grads = torch.autograd.grad(ref_out, ref_in, (dQs.double(), dKc.double(), dMc.double()))
 
-    prec = tp._prec(torch.float32, Qt.device)
-    opts = tp._launch("edges_fwd", BT, D, torch.float32, 4 if CUDA else None, 1)
-    Qs, Kc, Mc, PS, SS = tp._chunk_edges(Qt, Kt, Mb, C, prec, opts, save=True)
+    prec = dot_precision(torch.float32, Qt.device)
+    opts = DEFAULT_SETTINGS.launch_options("edges_fwd", BT, D, torch.float32, 4 if CUDA else None, 1)
+    half = DEFAULT_SETTINGS.half_blocks(hh_dtype, D)
+    Qs, Kc, Mc, PS, SS = edges.chunk_edges(Qt, Kt, Mb, C, prec, half, opts, save=True)
     assert PS.dtype == SS.dtype == hh_dtype
     read = ((slice(None), slice(None), slice(C * BT, None)), (slice(None), slice(None), slice(0, (NC - 1) * C * BT)),
             (slice(None), slice(None), slice(1, None)))
@@ -252,33 +243,28 @@ def test_chunk_edges_match_torch(D, hh_dtype, tol):
     start = [x.clone() for x in (dQt, dKt, dM)]
     for x, where in unread:
         x[where] = float("nan")
-    tp._chunk_edges_backward(Qt, Mb, PS, dQs, dMc, dQt, dM, C, prec, opts)
-    tp._chunk_edges_backward(Kt, Mb, SS, dKc, None, dKt, dM, C, prec, opts)
+    edges.chunk_edges_backward(Qt, Mb, PS, dQs, dMc, dQt, dM, C, prec, half, opts)
+    edges.chunk_edges_backward(Kt, Mb, SS, dKc, None, dKt, dM, C, prec, half, opts)
     for name, total, before, ref in zip(("dQt", "dKt", "dM"), (dQt, dKt, dM), start, ref_grads):
         assert rel(total - before, ref) <= tol, (name, rel(total - before, ref))
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
-def test_backward_computing_the_block_algebra_again(monkeypatch):
+def test_backward_computing_the_block_algebra_again():
     """Without the forward's block-local results the backward computes them again."""
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "KEEP_PREPROCESSING", False)
-    check_against_reference(make_inputs(1, 37, 2, 32, True, True))
-    check_against_reference(make_inputs(2, 40, 1, 16, True, False))
+    settings = replace(DEFAULT_SETTINGS, keep_preprocessing=False)
+    check_against_reference(make_inputs(1, 37, 2, 32, True, True), settings=settings)
+    check_against_reference(make_inputs(2, 40, 1, 16, True, False), settings=settings)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
 @pytest.mark.parametrize("keep, calls", [(True, 1), (False, 2)])
 def test_backward_reuses_the_forward_block_algebra(monkeypatch, keep, calls):
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "KEEP_PREPROCESSING", keep)
     prepared = []
-    original = tp._prepare
-    monkeypatch.setattr(tp, "_prepare", lambda *a: prepared.append(1) or original(*a))
+    original = attention.prep_forward
+    monkeypatch.setattr(attention, "prep_forward", lambda *a: prepared.append(1) or original(*a))
     args = [a.requires_grad_(True) for a in make_inputs(1, 37, 2, 16, True, True)]
-    path_attention_triton(*args).sum().backward()
+    path_attention_triton(*args, settings=replace(DEFAULT_SETTINGS, keep_preprocessing=keep)).sum().backward()
     assert len(prepared) == calls
 
 
@@ -317,9 +303,7 @@ def test_gradients_come_back_in_their_inputs_layouts(heads_first):
 def test_within_chunk_programs_split_the_tiles(N, QB, NG):
     """One chunk's programs take every query tile once, in order; each other program's sums
     cover the blocks its tiles reach, packed one after another; the work is shared about evenly."""
-    import pathbench.kernels.triton_path as tp
-
-    spans = tp._within_spans(N, N, QB, NG)
+    spans = bwd_within.within_spans(N, N, QB, NG)
     tiles = -(-N // QB)
     assert len(spans) == NG and spans[0][0] == 0 and spans[-1][1] == tiles
     at = 0
@@ -335,16 +319,12 @@ def test_within_chunk_programs_split_the_tiles(N, QB, NG):
 def test_scan_programs_fill_the_gpu_by_their_own_warps(monkeypatch):
     """16 heads on 132 SMs: a scan of 4 warps (two programs an SM) takes 16 programs a head, one
     of 8 warps takes 8; with few blocks to share, no more programs than blocks."""
-    import types
-
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
         multi_processor_count=132))
     gpu = torch.device("cuda", 0)
-    assert tp._num_groups(240, 16, gpu, 4) == 16
-    assert tp._num_groups(240, 16, gpu, 8) == 8
-    assert tp._num_groups(3, 16, gpu, 4) == 3
+    assert DEFAULT_SETTINGS.num_groups(240, 16, gpu, 4) == 16
+    assert DEFAULT_SETTINGS.num_groups(240, 16, gpu, 8) == 8
+    assert DEFAULT_SETTINGS.num_groups(3, 16, gpu, 4) == 3
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
@@ -354,8 +334,6 @@ def test_no_buffer_is_read_before_it_is_written(monkeypatch, chunks):
     from what was there, not from zero, shows; so does a product with a value left unset, even
     times zero. One chunk in two programs, chunks of two blocks, or those crossed inside chunks
     of four; query blocks in pairs at D = 16; with and without w and the gate."""
-    import pathbench.kernels.triton_path as tp
-
     empty, empty_like = torch.empty, torch.empty_like
 
     def filled(x):
@@ -363,14 +341,12 @@ def test_no_buffer_is_read_before_it_is_written(monkeypatch, chunks):
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: filled(empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: filled(empty_like(*a, **k)))
-    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (16,)))
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", chunks)
-    monkeypatch.setattr(tp, "INTERPRET_GROUPS", 2)
+    settings = replace(DEFAULT_SETTINGS, **in_pairs(16), interpret_chunks=chunks, interpret_groups=2)
     T = 128 if len(chunks) > 1 else 109  # eight blocks: the levels divide them
-    N = -(-T // tp.INTERPRET_BLOCK)
-    assert len(tp._chunk_levels(N, tp.INTERPRET_BLOCK, 16, torch.device("cpu"), 0)) == len(chunks)
+    N = -(-T // settings.interpret_block)
+    assert len(settings.chunk_levels(N, settings.interpret_block, 16, torch.device("cpu"), 0)) == len(chunks)
     for D, hh, gate in ((16, True, True), (32, True, False), (16, False, True)):
-        check_against_reference(make_inputs(2, T, 1, D, hh, gate))
+        check_against_reference(make_inputs(2, T, 1, D, hh, gate), settings=settings)
 
 
 def test_second_backward_gives_the_same_gradients():
@@ -387,31 +363,26 @@ def test_second_backward_gives_the_same_gradients():
 
 @pytest.mark.skipif(not CUDA, reason="GPU configurations")
 @pytest.mark.parametrize("D", [16, 32, 64, 128])
-def test_every_gpu_configuration(monkeypatch, D):
+def test_every_gpu_configuration(D):
     """Each configuration the kernels may run under (the first, and the fallbacks for lack of
     shared memory), forced, in bfloat16 against float64; over several chunks where chunks are
     used (blocks of 64 tokens)."""
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
-    monkeypatch.setattr(tp, "FWD_ONE_CHUNK_TOKENS", 0)
-
-    fwd, bwd = (tp.gpu_configs(kind, D, torch.bfloat16) for kind in ("fwd", "bwd"))
+    chunked = replace(DEFAULT_SETTINGS, one_chunk_tokens=0, fwd_one_chunk_tokens=0)
+    fwd, bwd = (chunked.gpu_configs(kind, D, torch.bfloat16) for kind in ("fwd", "bwd"))
     tried = 0
     for i in range(max(len(fwd), len(bwd))):
-        tp.FORCE_CONFIG.update(fwd=fwd[min(i, len(fwd) - 1)], bwd=bwd[min(i, len(bwd) - 1)])
+        settings = replace(chunked, force_fwd_config=fwd[min(i, len(fwd) - 1)],
+                           force_bwd_config=bwd[min(i, len(bwd) - 1)])
         try:
             args = make_inputs(2, 1100, 2, D, True, False, dtype=torch.bfloat16)
             ref_args = [a.double() if a is not None else None for a in args]
             dout = torch.randn(args[0].shape, device=DEV, dtype=torch.float64)
-            out, g = grads(path_attention_triton, args, dout)
+            out, g = grads(partial(path_attention_triton, settings=settings), args, dout)
             ref, rg = grads(path_attention_reference, ref_args, dout)
         except Exception as exc:
             if "out of resource" in str(exc).lower():
                 continue
             raise
-        finally:
-            tp.FORCE_CONFIG.clear()
         tried += 1
         assert rel(out, ref) <= 2e-2, (i, rel(out, ref))
         for a, b in zip(g, rg):
@@ -420,22 +391,19 @@ def test_every_gpu_configuration(monkeypatch, D):
 
 
 def test_short_sequences_take_smaller_blocks():
-    import pathbench.kernels.triton_path as tp
-
+    configs = DEFAULT_SETTINGS.gpu_configs
     for kind, D in [("fwd", 32), ("bwd", 32), ("fwd", 128), ("bwd", 128)]:
-        every = tp.gpu_configs(kind, D, torch.bfloat16)
-        assert tp.gpu_configs(kind, D, torch.bfloat16, 1024) == every
-        assert [c[0] for c in tp.gpu_configs(kind, D, torch.bfloat16, 32)] == [
+        every = configs(kind, D, torch.bfloat16)
+        assert configs(kind, D, torch.bfloat16, 1024) == every
+        assert [c[0] for c in configs(kind, D, torch.bfloat16, 32)] == [
             c[0] for c in every if c[0] <= 32]  # a 20-token sequence: no block of 64
-        assert tp.gpu_configs(kind, D, torch.bfloat16, 2) == every[-1:]  # the smallest there is
+        assert configs(kind, D, torch.bfloat16, 2) == every[-1:]  # the smallest there is
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU configurations")
 def test_word_problem_shape_on_gpu():
     """The shape the word problems train on (20 tokens, D = 32) in bfloat16, under the
     configuration chosen for it, against float64."""
-    import pathbench.kernels.triton_path as tp
-
     args = make_inputs(64, 20, 4, 32, True, True, dtype=torch.bfloat16)
     ref_args = [a.double() if a is not None else None for a in args]
     dout = torch.randn(args[0].shape, device=DEV, dtype=torch.float64)
@@ -444,7 +412,7 @@ def test_word_problem_shape_on_gpu():
     assert rel(out, ref) <= 2e-2
     for a, b in zip(g, rg):
         assert rel(a, b) <= 5e-2
-    chosen = {key[0]: cfg[0] for key, cfg in tp._CHOSEN.items()
+    chosen = {key[0]: cfg[0] for key, cfg in chosen_configs().items()
               if key[1:3] == (32, torch.bfloat16) and key[-1] == 32}
     assert chosen == {"fwd": 32, "bwd": 32}
 
@@ -464,17 +432,15 @@ def test_beta_near_two():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_low_precision_forward(monkeypatch, dtype):
+def test_low_precision_forward(dtype):
     """16-bit inputs: the block-local kernels take float16 operands (on the CPU at D = 32 too)."""
-    import pathbench.kernels.triton_path as tp
-
     B, T, H, D = (2, 1000, 2, 64) if CUDA else (1, 37, 2, 32)
-    monkeypatch.setattr(tp, "HALF_BLOCK_HEAD_DIMS", (D,))
+    settings = replace(DEFAULT_SETTINGS, half_block_head_dims=(D,))
     args = make_inputs(B, T, H, D, True, True, dtype=dtype)
-    check_against_reference(args, fwd_tol=2e-2, with_grad=False)
+    check_against_reference(args, fwd_tol=2e-2, with_grad=False, settings=settings)
     # and the backward gives finite gradients in the input dtypes, close to float64's
     dout = torch.randn(args[0].shape, device=DEV)
-    _, g = grads(path_attention_triton, args, dout)
+    _, g = grads(partial(path_attention_triton, settings=settings), args, dout)
     _, rg = grads(path_attention_reference, [a.double() for a in args], dout.double())
     for a, x, b in zip(g, [a for a in args if a is not None], rg):
         assert a.dtype == x.dtype and torch.isfinite(a.float()).all()
@@ -483,23 +449,19 @@ def test_low_precision_forward(monkeypatch, dtype):
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
 @pytest.mark.parametrize("dout_scale", [1e-7, 1e8], ids=["tiny", "large"])
-def test_bfloat16_backward_at_any_gradient_scale(monkeypatch, dout_scale):
+def test_bfloat16_backward_at_any_gradient_scale(dout_scale):
     """bfloat16 has float32's range, but 16-bit inputs may carry the queries' gradient back
     across blocks and chunks, and through the block-local algebra, in float16, scaled into its
     range: gradients far below float16's smallest normal number, or above its largest, keep
     their precision. Chunks of four blocks, soft attention without a gate, so that the gradient
     crosses several blocks."""
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "INTERPRET_CHUNKS", (4,))
-    monkeypatch.setattr(tp, "QUERY_PAIRS", dict.fromkeys(tp.QUERY_PAIRS, (32,)))
-    monkeypatch.setattr(tp, "HALF_ADJOINT_HEAD_DIMS", (32,))
-    monkeypatch.setattr(tp, "HALF_BLOCK_HEAD_DIMS", (32,))
+    settings = replace(DEFAULT_SETTINGS, interpret_chunks=(4,), **in_pairs(32), half_adjoint_head_dims=(32,),
+                       half_block_head_dims=(32,))
     args = make_inputs(1, 170, 2, 32, True, False)
     args[0] = args[0] * 0.3
     args = [a.bfloat16() if i < 3 else a for i, a in enumerate(args)]
     dout = torch.randn(args[0].shape, device=DEV).bfloat16().double() * dout_scale
-    _, g = grads(path_attention_triton, args, dout)
+    _, g = grads(partial(path_attention_triton, settings=settings), args, dout)
     _, rg = grads(path_attention_reference, [a.double() if a is not None else None for a in args], dout)
     for name, a, b in zip("q k v w beta".split(), g, rg):
         err = ((a.double() - b).norm() / b.norm()).item()  # rel() would floor tiny norms
@@ -569,58 +531,49 @@ def test_auto_backend_runs_the_kernel_where_it_applies():
 
 @pytest.mark.skipif(not CUDA, reason="GPU only")
 @pytest.mark.parametrize("D", [16, 32, 64, 128])
-def test_float16_on_gpu(monkeypatch, D):
+def test_float16_on_gpu(D):
     """float16 q/k/v against float64 over 1100 tokens, with gate: in chunks of 512 tokens where
     the head size takes chunks, else in one."""
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
-    monkeypatch.setattr(tp, "FWD_ONE_CHUNK_TOKENS", 0)
-    check_against_reference(make_inputs(2, 1100, 2, D, True, True, dtype=torch.float16), fwd_tol=2e-2, grad_tol=5e-2)
+    settings = replace(DEFAULT_SETTINGS, one_chunk_tokens=0, fwd_one_chunk_tokens=0)
+    check_against_reference(make_inputs(2, 1100, 2, D, True, True, dtype=torch.float16), fwd_tol=2e-2, grad_tol=5e-2,
+                            settings=settings)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("gate", [True, False], ids=["fox", "softmax"])
-def test_without_householder_in_16_bit(monkeypatch, dtype, gate):
+def test_without_householder_in_16_bit(dtype, gate):
     """FoX and plain softmax, the kernels without their Householder part, with 16-bit q/k/v
     against float64, forward and gradients: on the GPU in chunks of 512 tokens at both chunked
     head sizes, the specialisations FoX models train on there."""
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
+    settings = replace(DEFAULT_SETTINGS, one_chunk_tokens=0)
     B, T, H = (2, 1100, 2) if CUDA else (1, 70, 2)
     for D in (64, 128) if CUDA else (32,):
-        check_against_reference(make_inputs(B, T, H, D, False, gate, dtype=dtype), fwd_tol=2e-2, grad_tol=5e-2)
+        check_against_reference(make_inputs(B, T, H, D, False, gate, dtype=dtype), fwd_tol=2e-2, grad_tol=5e-2,
+                                settings=settings)
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU chunk sizes")
 @pytest.mark.parametrize("D,gate", [(32, True), (64, False), (128, True)], ids=str)
-def test_chunks_on_gpu(monkeypatch, D, gate):
-    """Sequences longer than ONE_CHUNK_TOKENS run in chunks; forced here at a moderate length,
+def test_chunks_on_gpu(D, gate):
+    """Sequences longer than one_chunk_tokens run in chunks; forced here at a moderate length,
     in float32 also at the smaller blocks of the backward at D = 128."""
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
-    monkeypatch.setattr(tp, "FWD_ONE_CHUNK_TOKENS", 0)
-    monkeypatch.setattr(tp, "CHUNKED_HEAD_DIMS", (D,))
-    monkeypatch.setattr(tp, "CHUNKED_BLOCKS", (16, 32, 64))
-    check_against_reference(make_inputs(1, 1100, 2, D, True, gate))
-    check_against_reference(make_inputs(1, 1100, 2, D, False, gate))
+    settings = replace(DEFAULT_SETTINGS, one_chunk_tokens=0, fwd_one_chunk_tokens=0, chunked_head_dims=(D,),
+                       chunked_blocks=(16, 32, 64))
+    check_against_reference(make_inputs(1, 1100, 2, D, True, gate), settings=settings)
+    check_against_reference(make_inputs(1, 1100, 2, D, False, gate), settings=settings)
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU chunk sizes")
 @pytest.mark.parametrize("D", [64, 128])
-def test_chunk_levels_on_gpu(monkeypatch, D):
+def test_chunk_levels_on_gpu(D):
     """The backward's levels of chunks, forced at 2000 tokens (at most two chunks a level): chunks
     of 512 crossed inside chunks of 1024, which are crossed across the sequence; bfloat16 with
     gate and float32 without, against float64."""
-    import pathbench.kernels.triton_path as tp
-
-    monkeypatch.setattr(tp, "LEVEL_CHUNKS", 2)
-    monkeypatch.setattr(tp, "ONE_CHUNK_TOKENS", 0)
-    assert tp._chunk_levels(32, 64, D, torch.device(DEV), 0) == (8, 16)
-    check_against_reference(make_inputs(2, 2000, 2, D, True, True, dtype=torch.bfloat16), fwd_tol=2e-2, grad_tol=5e-2)
-    check_against_reference(make_inputs(2, 2000, 2, D, True, False))
+    settings = replace(DEFAULT_SETTINGS, level_chunks=2, one_chunk_tokens=0)
+    assert settings.chunk_levels(32, 64, D, torch.device(DEV), 0) == (8, 16)
+    check_against_reference(make_inputs(2, 2000, 2, D, True, True, dtype=torch.bfloat16), fwd_tol=2e-2, grad_tol=5e-2,
+                            settings=settings)
+    check_against_reference(make_inputs(2, 2000, 2, D, True, False), settings=settings)
 
 
 @pytest.mark.skipif(not CUDA, reason="long sequences run on the GPU only")
