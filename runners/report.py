@@ -163,7 +163,10 @@ def min_layers_table(table: pd.DataFrame) -> pd.DataFrame:
         rows.append({"task": task, "model": model, "heads": heads,
                      "min_layers": str(int(solved["layers"].min())) if len(solved)
                      else f">{int(cells['layers'].max())}"})
-    return pd.DataFrame(rows)
+    rank = {name: i for i, name in enumerate(model_order(table["model"]))}
+    return pd.DataFrame(rows, columns=["task", "model", "heads", "min_layers"]).sort_values(
+        ["task", "model", "heads"], key=lambda c: c.map(rank) if c.name == "model" else c,
+        kind="stable").reset_index(drop=True)
 
 
 def min_depth_by_length(frame: pd.DataFrame) -> pd.DataFrame:
