@@ -202,14 +202,18 @@ def _record_outcome(record: dict, outcome, task, run_dir: Path) -> None:
 
 
 def summary_table(record: dict) -> str:
-    """The scalar metrics of every evaluation split, one row per split."""
+    """The scalar metrics of every test split, one row per split; error in percent."""
     rows = [(split, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
             for split, metrics in record["metrics"].items()]
     if not rows:
         return ""
     columns = [key for key in rows[0][1]]
-    header = ["split", *columns]
-    body = [[split, *(f"{metrics.get(key, float('nan')):.4g}" for key in columns)]
+    header = ["split", *(f"{key} (%)" if key == "error" else key for key in columns)]
+
+    def cell(value) -> str:
+        return str(value) if isinstance(value, int) else f"{value:.4g}"
+
+    body = [[split, *(cell(metrics.get(key, float("nan"))) for key in columns)]
             for split, metrics in rows]
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
     return "\n".join("  ".join(cell.rjust(width) if i else cell.ljust(width)
