@@ -1,4 +1,5 @@
-"""Shared fixtures: running the command line in a subprocess, and the example task plugin.
+"""Shared helpers and fixtures: running the command line in this process or in a subprocess,
+and the example task plugin.
 
 The plugin package in tests/plugin is installed with pip into a temporary folder (``--target``)
 that the command's subprocess gets on its PYTHONPATH, where Python's entry-point discovery finds
@@ -19,6 +20,19 @@ from pathlib import Path
 import pytest
 
 PLUGIN_SOURCE = Path(__file__).parent / "plugin"
+
+
+def cli(capsys, *args) -> tuple[int, str, str]:
+    """Run ``pathbench ARGS`` in this process: (exit status, stdout, stderr)."""
+    from pathbench.runners.cli import main
+
+    try:
+        main([str(arg) for arg in args])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 def run_pathbench(args, cwd, extra_path: Path | None = None) -> subprocess.CompletedProcess:

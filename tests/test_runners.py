@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import PurePosixPath
 
 import pytest
+from conftest import cli
 
 from pathbench import UserError
 from pathbench.runners import store
@@ -164,18 +165,6 @@ def _archive(source, archive, arcname):
     return archive
 
 
-def _pathbench(capsys, *args) -> tuple[int, str, str]:
-    from pathbench.runners.cli import main
-
-    try:
-        main([str(arg) for arg in args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code or 0
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_results_and_plot_read_an_archive_of_runs_as_the_directory(tmp_path, capsys):
     runs = tmp_path / "runs"
     grid = Grid(task="a5", models=["path", "rope"], layers=[1, 2], lrs=[1e-3, 3e-4],
@@ -192,9 +181,9 @@ def test_results_and_plot_read_an_archive_of_runs_as_the_directory(tmp_path, cap
                 _archive(runs, tmp_path / "runs.tar", "runs")]
 
     def outputs(path, name):
-        tables = [_pathbench(capsys, "results", path, *options) for options in
+        tables = [cli(capsys, "results", path, *options) for options in
                   ([], ["--format", "csv"], ["--runs", "--format", "markdown"], ["--all-lrs"])]
-        code, _, stderr = _pathbench(capsys, "plot", path, "-o", tmp_path / name / "a5")
+        code, _, stderr = cli(capsys, "plot", path, "-o", tmp_path / name / "a5")
         assert code == 0, stderr
         return tables, (tmp_path / name / "a5.md").read_text()
 
@@ -217,7 +206,7 @@ def test_results_and_plot_read_an_archive_of_runs_as_the_directory(tmp_path, cap
     assert len(load_frame(both)) == len(grid.configs("cpu")) + 1
     assert list(load_frame(both / "probe")["task"]) == ["z60"]
     assert outputs(both / "runs", "both-runs") == expected
-    code, _, stderr = _pathbench(capsys, "results", both / "nosuch")
+    code, _, stderr = cli(capsys, "results", both / "nosuch")
     assert code == 2 and "no run records (result.json) under" in stderr
 
 
@@ -231,7 +220,7 @@ def test_corrupt_record_in_an_archive_is_skipped_with_a_warning_naming_it(tmp_pa
     (run_dir / "result.json").write_text('{"status": "ok", "metr')  # half-written
     bad = _archive(tmp_path / "runs", tmp_path / "runs.tar.xz", "runs")
     for command in (["results", bad], ["plot", bad, "-o", tmp_path / "figure"]):
-        code, stdout, stderr = _pathbench(capsys, *command)
+        code, stdout, stderr = cli(capsys, *command)
         assert code == 0 and stderr.count("\n") == 1 and "Traceback" not in stderr
         assert (f"warning: skipped {bad}/runs/{run_dir.name}/result.json is not a valid record"
                 in stderr)
@@ -242,7 +231,7 @@ def test_corrupt_record_in_an_archive_is_skipped_with_a_warning_naming_it(tmp_pa
         load_frame(bad)
     truncated = tmp_path / "truncated.tar.gz"  # a damaged archive, not a damaged record
     truncated.write_bytes(good.read_bytes()[:60])
-    code, _, stderr = _pathbench(capsys, "results", truncated)
+    code, _, stderr = cli(capsys, "results", truncated)
     assert code == 2 and stderr.count("\n") == 1
     assert f"cannot read the archive {truncated}" in stderr
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pathbench.runners import store
-from pathbench.runners.cli import main
+from conftest import cli
 
 # A few seconds per run on a CPU: short flip-flop sequences, a narrow model, a handful of steps.
 TINY = ["--d-model", "16", "--steps", "4", "--batch-size", "8", "--set", "task.length=16",
@@ -33,17 +33,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    """Run ``pathbench ARGS`` in this process: (exit status, stdout, stderr)."""
-    try:
-        main([str(arg) for arg in args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code or 0
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def results_of(out: Path) -> dict[str, dict]:
