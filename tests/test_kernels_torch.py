@@ -147,9 +147,10 @@ def test_path_implementations_match_brute_force(D, beta_near, gate):
         torch.testing.assert_close(out, expected, rtol=0, atol=1e-10, msg=implementation.__name__)
 
 
-@pytest.mark.parametrize("T", [1, 63, 64, 65, 130, 200])
+@pytest.mark.parametrize("T", [1, 5, 8, 20, 63, 64, 65, 130, 200])
 def test_blockwise_any_length(T):
-    # Block edges: one token, just under / at / over one block, several blocks with a tail.
+    # Block edges: one token, just under / at / over one block, several blocks with a tail; a
+    # sequence shorter than a block takes one block of the next power of two (5, 8, 20).
     q, k, v, w, beta, log_fgate = make_inputs(B=2, T=T, H=1, D=8, seed=T)
     expected = path_attention_reference(q, k, v, w, beta, log_fgate)
     torch.testing.assert_close(path_attention_blockwise(q, k, v, w, beta, log_fgate), expected,
