@@ -102,6 +102,14 @@ class Mqrar(Task):
             "early_stop": None,
         },
     }
+    # On two CPU cores: 64 tokens, 4 keys and 8 values, width 64, 600 steps of 32. At N = 2,
+    # PaTH reached 0.990 on test in 55 s, RoPE 0.346 in 27 s and FoX 0.229 in 39 s (chance and
+    # the latest assignment 0.125).
+    presets = {"cpu": {
+        "task": {"length": 64, "num_keys": 4, "num_values": 8},
+        "model": {"d_model": 64},
+        "train": {"steps": 600, "batch_size": 32, "warmup": 60, "eval_every": 200},
+    }}
 
     def __init__(self, overrides=None):
         super().__init__(overrides)
