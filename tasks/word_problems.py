@@ -97,6 +97,15 @@ class WordProblem(Task):
             "early_stop": 0.99,  # well past the 0.9 "solved" line; saves time in depth sweeps
         },
     }
+    # On two CPU cores, A5 words of 3 elements, 1,500 steps of 256 at a constant 3e-3: PaTH
+    # reached 0.973 and 0.979 token accuracy on test (seeds 0 and 1; every position solved)
+    # in 190 and 200 s, RoPE 0.667 in 71 s (the last position 0.064). At 1,200 steps PaTH was
+    # still at 0.677; at lengths 4 and 6, 1,000 steps learned only the first position.
+    presets = {"cpu": {
+        "task": {"length": 3},
+        "train": {"steps": 1500, "batch_size": 256, "lr": 3e-3, "warmup": 100,
+                  "schedule": "constant", "eval_num": 1024, "eval_every": 500},
+    }}
 
     def __init__(self, overrides=None):
         super().__init__(overrides)
