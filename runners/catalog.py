@@ -144,10 +144,7 @@ def save_dataset(path: Path, dataset: Dataset, metadata: str) -> None:
     write = write_npz if path.suffix == ".npz" else write_parquet
     if not path.parent.is_dir():
         raise UserError(f"cannot write {str(path)!r}: folder {str(path.parent)!r} does not exist")
-    try:
-        write_atomic(path, lambda file: write(file, dataset, metadata))
-    except OSError as exc:
-        raise UserError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+    write_atomic(path, lambda file: write(file, dataset, metadata))  # refusals: a UserError
 
 
 def write_npz(file, dataset: Dataset, metadata: str) -> None:
