@@ -10,6 +10,8 @@ Python.
 - ``X | None``: also None, or the string none or null.
 - ``dict[str, int]``: a mapping of names to integers, or a string like ``sparse:300000,dense:4096``
   (the empty string is the empty mapping).
+- ``tuple[int, ...]``: a list of integers, or a string like ``1024,4096`` (the empty string is
+  the empty tuple).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def coerce(name: str, value: Any, annotation: Any) -> Any:
     "NAME expects TYPE, got VALUE"."""
     if typing.get_origin(annotation) is dict:
         return _mapping(name, value, *typing.get_args(annotation))
+    if typing.get_origin(annotation) is tuple:
+        return _sequence(name, value, typing.get_args(annotation)[0])
     allowed = [annotation]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         allowed = list(typing.get_args(annotation))
@@ -56,6 +60,15 @@ def _mapping(name: str, value: Any, key_type: type, value_type: type) -> dict:
     if not isinstance(value, dict) or not all(isinstance(key, key_type) for key in value):
         raise UserError(f"{name} expects a mapping like name:value,name:value, got {value!r}")
     return {key: coerce(f"{name}[{key!r}]", item, value_type) for key, item in value.items()}
+
+
+def _sequence(name: str, value: Any, item_type: type) -> tuple:
+    if isinstance(value, str):
+        value = [item for item in value.split(",") if item.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise UserError(f"{name} expects a list like 1,2,3, got {value!r}")
+    return tuple(coerce(f"{name}[{number}]", item, item_type)
+                 for number, item in enumerate(value))
 
 
 def _convert(value: Any, text: str | None, target: type) -> Any:

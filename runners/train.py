@@ -260,14 +260,17 @@ def compile_for_cuda(fn):
 
 
 @torch.no_grad()
-def evaluate(model, members: int, task, data: EvaluationSplit, batch_size: int,
+def evaluate(model, members: int, task, data: EvaluationSplit, batch_tokens: int,
              device: torch.device) -> list[dict]:
     """Task metrics of each member's argmax predictions on one split's fixed sequences (every
-    member reads the same ones), tallied a chunk at a time."""
+    member reads the same ones), tallied a chunk at a time. A forward reads at most
+    ``batch_tokens`` tokens (at least one sequence), so that a longer test split takes fewer
+    sequences at a time instead of more memory."""
     model.eval()
     tallies = [None] * members
     for chunk in data.chunks():
         inputs = torch.from_numpy(chunk.inputs)
+        batch_size = max(1, batch_tokens // inputs.shape[1])
         predictions = []
         for start in range(0, len(inputs), batch_size):
             batch = inputs[start : start + batch_size].to(device)
@@ -322,6 +325,8 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
         EvaluationSplit(task, split, config.eval_sizes.get(split, config.eval_num))
         for split in (DECISION_SPLIT, *task.test_splits))
     data_hash, baselines = hash_and_baselines(task, [validation_set, *test_sets])
+    # an evaluation forward reads as many tokens as a training batch (val is at training length)
+    batch_tokens = config.batch_size * validation_set.chunk(0).inputs.shape[1]
     packed = is_packed(model)
     if not packed and count != 1:
         raise ValueError(f"{count} members need a pack of {count} models, not a single model")
@@ -350,7 +355,7 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
         outcomes[member] = outcome
 
     def final_metrics() -> list[dict]:
-        per_split = {data.split: evaluate(model, count, task, data, config.batch_size, device)
+        per_split = {data.split: evaluate(model, count, task, data, batch_tokens, device)
                      for data in test_sets}
         return [{split: rows[member] for split, rows in per_split.items()}
                 for member in range(count)]
@@ -398,7 +403,7 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
         if not evaluate_now:
             continue
 
-        checked = evaluate(model, count, task, validation_set, config.batch_size, device)
+        checked = evaluate(model, count, task, validation_set, batch_tokens, device)
         stopped = []
         for member in running:
             validation[member] = checked[member]

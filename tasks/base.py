@@ -38,6 +38,33 @@ PRESETS = ("paper", "cpu")  # setting sizes: the task's run_defaults, or a small
 MAX_LENGTH = 1 << 20
 
 
+def eval_lengths_option(what: str):
+    """The ``eval_lengths`` field of a task whose test splits may also be drawn longer."""
+    return option((), f"lengths of extra test splits test_N, N {what} (each greater than length)",
+                  minimum=2, maximum=MAX_LENGTH)
+
+
+def check_eval_lengths(lengths: tuple[int, ...], length: int) -> None:
+    """Each extra evaluation length exceeds the training length, and none appears twice."""
+    for value in lengths:
+        if value <= length:
+            raise UserError(f"invalid value {value} in 'eval_lengths'; each must be greater than "
+                            f"length ({length})")
+    if len(set(lengths)) != len(lengths):
+        raise UserError(f"'eval_lengths' names a length twice: {','.join(map(str, lengths))}")
+
+
+def longer_test_splits(lengths: tuple[int, ...]) -> tuple[str, ...]:
+    """The test splits of the extra evaluation lengths: ``test_4096`` for 4096."""
+    return tuple(f"test_{value}" for value in lengths)
+
+
+def split_length(split: str, length: int) -> int:
+    """The sequence length of ``split``: N for a longer test split ``test_N``, else ``length``."""
+    prefix, _, value = split.partition("_")
+    return int(value) if prefix == "test" and value.isdigit() else length
+
+
 @dataclass
 class Dataset:
     """A batch of sequences: ``inputs`` and ``targets`` are int64 arrays of shape [num, length].
@@ -321,8 +348,15 @@ def resolve_config(config_class: type, overrides: dict[str, Any], owner: str):
 
 def _checked_value(key: str, value: Any, annotation: Any, rules: dict[str, Any]) -> Any:
     value = coerce(repr(key), value, annotation)
-    if value is None:
-        return value
+    if isinstance(value, tuple):  # the rules hold for every item
+        for item in value:
+            _check_rules(key, item, rules)
+    elif value is not None:
+        _check_rules(key, value, rules)
+    return value
+
+
+def _check_rules(key: str, value: Any, rules: dict[str, Any]) -> None:
     choices, minimum, maximum = rules.get("choices"), rules.get("minimum"), rules.get("maximum")
     if choices is not None and value not in choices:
         raise UserError(
@@ -332,4 +366,3 @@ def _checked_value(key: str, value: Any, annotation: Any, rules: dict[str, Any])
         raise UserError(f"invalid value {value!r} for {key!r}; it must be >= {minimum}")
     if maximum is not None and value > maximum:
         raise UserError(f"invalid value {value!r} for {key!r}; it must be <= {maximum}")
-    return value

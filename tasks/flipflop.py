@@ -8,7 +8,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from pathbench import UserError
-from pathbench.tasks.base import IGNORE_INDEX, MAX_LENGTH, TASKS, Task, option
+from pathbench.tasks.base import (
+    IGNORE_INDEX,
+    MAX_LENGTH,
+    TASKS,
+    Task,
+    check_eval_lengths,
+    eval_lengths_option,
+    longer_test_splits,
+    option,
+    split_length,
+)
 
 WRITE, READ, IGNORE, ZERO, ONE = range(5)  # token ids, in the order of VOCAB
 VOCAB = ["w", "r", "i", "0", "1"]
@@ -22,10 +32,13 @@ P_IGNORE = {"train": 0.8, "val": 0.8, "test": 0.8, "sparse": 0.98, "dense": 0.1}
 class FlipFlopConfig:
     length: int = option(512, "tokens per sequence (instruction, bit pairs, so even)", minimum=4,
                          maximum=MAX_LENGTH)
+    eval_lengths: tuple[int, ...] = eval_lengths_option("tokens, even")
 
     def __post_init__(self):
-        if self.length % 2:
-            raise UserError(f"invalid value {self.length} for 'length'; it must be even")
+        for name, value in [("length", self.length), *(("eval_lengths", n) for n in self.eval_lengths)]:
+            if value % 2:
+                raise UserError(f"invalid value {value} for {name!r}; it must be even")
+        check_eval_lengths(self.eval_lengths, self.length)
 
 
 @TASKS.register("flipflop")
@@ -38,7 +51,9 @@ class FlipFlop(Task):
     the bit after ``r`` repeats the most recent ``w``'s bit. Scored: each ``r`` position, whose
     target is the bit that follows it. Metrics: accuracy and error (percent) on those positions.
     Splits: ``train``, ``val`` and ``test`` at p_ignore 0.8, ``sparse`` at 0.98, ``dense`` at
-    0.1. Baseline: ``chance`` (0.5, a guessed bit).
+    0.1, all ``length`` tokens; each N of ``eval_lengths`` adds a test split ``test_N`` at
+    p_ignore 0.8 of N tokens (length generalisation). Baseline: ``chance`` (0.5, a guessed
+    bit).
     """
 
     name = "flipflop"
@@ -73,11 +88,11 @@ class FlipFlop(Task):
     def __init__(self, overrides=None):
         super().__init__(overrides)
         self.vocab = list(VOCAB)
-        self.splits = tuple(P_IGNORE)
+        self.splits = (*P_IGNORE, *longer_test_splits(self.options.eval_lengths))
 
     def sample(self, rng, num, split):
-        pairs = self.options.length // 2
-        p_ignore = P_IGNORE[split]
+        pairs = split_length(split, self.options.length) // 2
+        p_ignore = P_IGNORE.get(split, P_IGNORE["test"])
         # Narrow dtypes until the final int64 arrays: at 100,000 x 512 memory traffic dominates.
         draw = rng.random((num, pairs), dtype=np.float32)
         write_or_read = np.where(draw < (1 + p_ignore) / 2, np.uint8(WRITE), np.uint8(READ))

@@ -16,7 +16,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from pathbench import UserError
-from pathbench.tasks.base import IGNORE_INDEX, MAX_LENGTH, TASKS, Task, option
+from pathbench.tasks.base import (
+    IGNORE_INDEX,
+    MAX_LENGTH,
+    TASKS,
+    Task,
+    check_eval_lengths,
+    eval_lengths_option,
+    longer_test_splits,
+    option,
+    split_length,
+)
 
 ASSIGNMENT_TOKENS, QUERY_TOKENS = 2, 2  # "Kx Vy" and "? Kx"
 
@@ -28,10 +38,7 @@ class MqrarConfig:
     n_back: int = option(2, "a query asks for the n-th most recent value of its key", minimum=1)
     query_prob: float = option(0.5, "probability that an item is a query (when one is possible)")
     length: int = option(768, "tokens per sequence, padded with '.'", minimum=1, maximum=MAX_LENGTH)
-    eval_length: int | None = option(
-        None, "length of the extra evaluation split 'test_long' (longer than length)", minimum=2,
-        maximum=MAX_LENGTH,
-    )
+    eval_lengths: tuple[int, ...] = eval_lengths_option("tokens")
 
     def __post_init__(self):
         if not 0 < self.query_prob < 1:
@@ -44,11 +51,7 @@ class MqrarConfig:
                 f"invalid value {self.length} for 'length'; with n_back={self.n_back} it must "
                 f"be >= {shortest}"
             )
-        if self.eval_length is not None and self.eval_length <= self.length:
-            raise UserError(
-                f"invalid value {self.eval_length} for 'eval_length'; it must be greater than "
-                f"length ({self.length})"
-            )
+        check_eval_lengths(self.eval_lengths, self.length)
 
 
 @TASKS.register("mqrar")
@@ -79,10 +82,10 @@ class Mqrar(Task):
     ``n_back`` is 1, and for ``n_back`` > 1 what a model scores that has not learnt to look past
     the latest assignment.
 
-    Splits: ``train``, ``val`` and ``test``, all ``length`` tokens. Length generalisation: with
-    ``eval_length`` set (greater than ``length``) the task has a further test split,
-    ``test_long``, of ``eval_length``-token sequences with the same statistics and hence more
-    items; it draws from its own random stream like every split.
+    Splits: ``train``, ``val`` and ``test``, all ``length`` tokens. Length generalisation: each
+    N of ``eval_lengths`` (each greater than ``length``) adds a test split ``test_N`` of N-token
+    sequences with the same statistics and hence more items, drawn from its own random stream
+    like every split.
     """
 
     name = "mqrar"
@@ -115,12 +118,11 @@ class Mqrar(Task):
         super().__init__(overrides)
         keys, values = self.options.num_keys, self.options.num_values
         self.vocab = [f"K{k}" for k in range(keys)] + [f"V{v}" for v in range(values)] + ["?", "."]
-        has_long = self.options.eval_length is not None
-        self.splits = ("train", "val", "test") + (("test_long",) if has_long else ())
+        self.splits = ("train", "val", "test", *longer_test_splits(self.options.eval_lengths))
 
     def sample(self, rng, num, split):
         o = self.options
-        length = o.eval_length if split == "test_long" else o.length
+        length = split_length(split, o.length)
         first_value = o.num_keys  # token id of V0
         query, pad = first_value + o.num_values, first_value + o.num_values + 1
         inputs = np.full((num, length), pad, dtype=np.int64)

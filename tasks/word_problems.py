@@ -6,8 +6,16 @@ import functools
 from dataclasses import dataclass
 import numpy as np
 
-from pathbench import UserError
-from pathbench.tasks.base import MAX_LENGTH, TASKS, Task, option
+from pathbench.tasks.base import (
+    MAX_LENGTH,
+    TASKS,
+    Task,
+    check_eval_lengths,
+    eval_lengths_option,
+    longer_test_splits,
+    option,
+    split_length,
+)
 
 
 def _build_group(group: str):
@@ -46,17 +54,10 @@ def group_tables(group: str) -> tuple[list[str], np.ndarray]:
 @dataclass(frozen=True)
 class WordProblemConfig:
     length: int = option(20, "group elements per sequence", minimum=1, maximum=MAX_LENGTH)
-    eval_length: int | None = option(
-        None, "length of the extra evaluation split 'test_long' (longer than length)", minimum=2,
-        maximum=MAX_LENGTH,
-    )
+    eval_lengths: tuple[int, ...] = eval_lengths_option("elements")
 
     def __post_init__(self):
-        if self.eval_length is not None and self.eval_length <= self.length:
-            raise UserError(
-                f"invalid value {self.eval_length} for 'eval_length'; it must be greater than "
-                f"length ({self.length})"
-            )
+        check_eval_lengths(self.eval_lengths, self.length)
 
 
 class WordProblem(Task):
@@ -68,9 +69,9 @@ class WordProblem(Task):
     "apply p, then q" (sympy's convention). Every position is scored.
 
     Splits: ``train``, ``val`` and ``test``, all of ``length`` elements. Length generalisation:
-    with ``eval_length`` set (greater than ``length``) the task has a further test split,
-    ``test_long``, of sequences ``eval_length`` long, drawn from its own random stream like
-    every split. Training always uses ``length``.
+    each N of ``eval_lengths`` (each greater than ``length``) adds a test split ``test_N`` of
+    words N elements long, drawn from its own random stream like every split. Training always
+    uses ``length``.
 
     Metrics: ``accuracy`` (all positions), ``last_accuracy`` (the final product),
     ``accuracy_by_position`` (a list, one accuracy per position) and ``solved_length``, the
@@ -111,11 +112,10 @@ class WordProblem(Task):
     def __init__(self, overrides=None):
         super().__init__(overrides)
         self.vocab, self._table = group_tables(self.name)
-        has_long = self.options.eval_length is not None
-        self.splits = ("train", "val", "test") + (("test_long",) if has_long else ())
+        self.splits = ("train", "val", "test", *longer_test_splits(self.options.eval_lengths))
 
     def sample(self, rng, num, split):
-        length = self.options.eval_length if split == "test_long" else self.options.length
+        length = split_length(split, self.options.length)
         elements = rng.integers(0, len(self.vocab), size=(num, length))
         products = np.empty_like(elements)
         products[:, 0] = elements[:, 0]

@@ -208,8 +208,11 @@ def test_evaluation_in_chunks_scores_every_sequence_once(monkeypatch):
     targets = np.concatenate([chunk.targets for chunk in chunks])
     with torch.no_grad():
         predictions = model(torch.from_numpy(inputs)).argmax(-1).numpy()
-    [metrics] = training.evaluate(model, 1, task, data, 5, torch.device("cpu"))
+    rows = []
+    model.register_forward_pre_hook(lambda module, args: rows.append(len(args[0])))
+    [metrics] = training.evaluate(model, 1, task, data, 5 * 32 + 31, torch.device("cpu"))
     assert metrics == task.metrics(predictions, targets, "test")
+    assert rows == [5, 2, 5, 2, 3]  # at most 5 * 32 + 31 tokens a forward
     _, baselines = training.hash_and_baselines(task, [data])
     assert baselines["test"]["latest_assignment"] == task.metrics(
         task.latest_assignment(inputs), targets, "test")["accuracy"]

@@ -15,6 +15,8 @@ from pathbench.settings import coerce
     ("yes", bool, True), ("0", bool, False), (False, bool, False),
     ("none", int | None, None), ("Null", float | None, None), (None, float | None, None),
     ("7", int | None, 7), ("abc", str, "abc"),
+    ("1024, 4096", tuple[int, ...], (1024, 4096)), ([8, 16.0], tuple[int, ...], (8, 16)),
+    ("", tuple[int, ...], ()),
 ])
 def test_values_are_read_as_the_declared_type(value, annotation, expected):
     result = coerce("x", value, annotation)
@@ -35,6 +37,8 @@ def test_values_are_read_as_the_declared_type(value, annotation, expected):
     (1, bool, "x expects bool, got 1"),
     (3, str, "x expects str, got 3"),
     ([1], int | None, "x expects int or none, got [1]"),
+    ("8,x", tuple[int, ...], "x[1] expects int, got 'x'"),
+    (8, tuple[int, ...], "x expects a list like 1,2,3, got 8"),
 ])
 def test_other_values_are_one_clear_error(value, annotation, message):
     with pytest.raises(UserError) as error:

@@ -19,7 +19,20 @@ def test_vocabulary_and_splits_are_the_documented_ones():
     assert task.vocab == ["w", "r", "i", "0", "1"]
     assert task.splits == ("train", "val", "test", "sparse", "dense")
     assert task.test_splits == ("test", "sparse", "dense")
-    assert task.config == {"length": 512}
+    assert task.config == {"length": 512, "eval_lengths": ()}
+
+
+def test_longer_test_splits_are_test_distributed_at_their_length():
+    task = make_task("flipflop", {"length": 64, "eval_lengths": "128,512"})
+    assert task.test_splits == ("test", "sparse", "dense", "test_128", "test_512")
+    for split, length in [("test", 64), ("test_128", 128), ("test_512", 512)]:
+        dataset = task.generate(3000, seed=1, split=split)
+        assert dataset.inputs.shape == (3000, length)
+        instructions = np.array(dataset.vocab)[dataset.inputs[:, 2:-2:2]]
+        p, draws = P_IGNORE["test"], instructions.size
+        assert abs((instructions == "i").mean() - p) < 6 * math.sqrt(p * (1 - p) / draws)
+    short, long = (task.generate(5, seed=1, split=split).inputs for split in ("test", "test_128"))
+    assert not np.array_equal(short, long[:, :64])  # a stream of its own
 
 
 @pytest.mark.parametrize("split", list(P_IGNORE))

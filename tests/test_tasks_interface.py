@@ -219,7 +219,11 @@ def test_unknown_config_key_names_the_valid_keys(name):
         ("flipflop", {"length": 2}, ["'length'", ">= 4"]),
         ("flipflop", {"length": 33}, ["'length'", "even"]),
         ("flipflop", {"length": 1.5}, ["'length'", "int"]),
-        ("a5", {"eval_length": 10}, ["'eval_length'", "greater than length"]),
+        ("a5", {"eval_lengths": [10]}, ["'eval_lengths'", "greater than length"]),
+        ("a5", {"eval_lengths": "40,40"}, ["'eval_lengths'", "twice"]),
+        ("a5", {"eval_lengths": "40,x"}, ["'eval_lengths'[1]", "int"]),
+        ("mqrar", {"eval_lengths": [1 << 21]}, ["'eval_lengths'", "<= 1048576"]),
+        ("flipflop", {"eval_lengths": [1025]}, ["'eval_lengths'", "even"]),
         ("a5", {"length": 0}, ["'length'", ">= 1"]),
         ("mqrar", {"n_back": 0}, ["'n_back'", ">= 1"]),
         ("mqrar", {"query_prob": "1"}, ["'query_prob'", "between 0 and 1"]),
@@ -234,10 +238,10 @@ def test_bad_values_are_named(name, overrides, words):
 
 
 def test_strings_from_the_command_line_are_converted():
-    task = make_task("mqrar", {"length": "100", "query_prob": "0.25", "eval_length": "200"})
+    task = make_task("mqrar", {"length": "100", "query_prob": "0.25", "eval_lengths": "200,400"})
     assert task.config["length"] == 100 and task.config["query_prob"] == 0.25
-    assert task.config["eval_length"] == 200
-    assert make_task("a5", {"eval_length": "none"}).config["eval_length"] is None
+    assert task.config["eval_lengths"] == (200, 400)
+    assert make_task("a5", {"eval_lengths": ""}).config["eval_lengths"] == ()
 
 
 def test_unknown_task_and_unknown_split_name_the_choices():

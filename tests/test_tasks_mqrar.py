@@ -56,7 +56,7 @@ def test_vocabulary_is_keys_values_query_pad():
     assert task.vocab == ["K0", "K1", "K2", "V0", "V1", "?", "."]
     assert make_task("mqrar").config == {
         "num_keys": 32, "num_values": 32, "n_back": 2, "query_prob": 0.5,
-        "length": 768, "eval_length": None,
+        "length": 768, "eval_lengths": (),
     }
     assert task.version == "2"  # version 1 showed each answer in the input
 
@@ -152,10 +152,10 @@ def test_latest_assignment_predicts_only_at_queries():
 
 
 def test_paper_setting_and_long_evaluation_split():
-    task = make_task("mqrar", {"eval_length": 1024})
-    assert task.splits == ("train", "val", "test", "test_long")
-    assert task.test_splits == ("test", "test_long")
-    for split, length in [("val", 768), ("test", 768), ("test_long", 1024)]:
+    task = make_task("mqrar", {"eval_lengths": "1024"})
+    assert task.splits == ("train", "val", "test", "test_1024")
+    assert task.test_splits == ("test", "test_1024")
+    for split, length in [("val", 768), ("test", 768), ("test_1024", 1024)]:
         dataset = task.generate(20, seed=0, split=split)
         assert dataset.inputs.shape == dataset.targets.shape == (20, length)
         for row in range(20):

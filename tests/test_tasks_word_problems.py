@@ -50,9 +50,9 @@ def test_vocabulary_is_the_group_sorted_by_array_form(name):
 
 @pytest.mark.parametrize("name", GROUPS)
 def test_targets_are_running_products(name):
-    task = make_task(name, {"length": 12, "eval_length": 30})
-    assert task.splits == ("train", "val", "test", "test_long")
-    for split, length in [("train", 12), ("val", 12), ("test", 12), ("test_long", 30)]:
+    task = make_task(name, {"length": 12, "eval_lengths": [30]})
+    assert task.splits == ("train", "val", "test", "test_30")
+    for split, length in [("train", 12), ("val", 12), ("test", 12), ("test_30", 30)]:
         dataset = task.generate(200, seed=5, split=split)
         assert dataset.inputs.shape == dataset.targets.shape == (200, length)
         for row in range(200):

@@ -8,14 +8,14 @@
 # in its own process session, which outlives the call while the machine is held; `start` and
 # `wait` then follow it for their $2 seconds. Each call returns the records so far as
 # $OUT/runs.tgz (without weights) and the sweep's log as $OUT/sweep.log.
-# The records live outside the working tree (LIVE), which each call copies over again; RUNS
-# (default results/paper/runs) seeds them, so that a sweep cut off with its machine resumes on
-# the next machine from the records unpacked there.
+# The records live outside the working tree (LIVE), which each call copies over again; RUNS,
+# when set, names a folder of earlier records that seeds them, so that a sweep cut off with its
+# machine resumes on the next machine from the records unpacked there.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 mode=${1:?start or wait}
 budget=${2:-560}
-runs=${RUNS:-results/paper/runs}
+runs=${RUNS:-}
 live=/tmp/paper-runs
 log=/tmp/paper-sweep.log
 begin=$(date +%s)
@@ -23,7 +23,7 @@ begin=$(date +%s)
 if [ "$mode" = start ]; then
   python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 4
   mkdir -p $live
-  [ -d "$runs" ] && cp -a "$runs"/. $live/
+  [ -n "$runs" ] && [ -d "$runs" ] && cp -a "$runs"/. $live/
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     git log -1 --format='tree of commit %H'; git status --short | head; date -u; } >>$log 2>&1
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
