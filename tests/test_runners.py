@@ -244,21 +244,34 @@ def test_shipped_sweep_files_resolve():
     assert settings["out"] == "results/runs/paper"  # under the ignored runs folder, never results/paper
     tasks = {grid.task for grid in grids}
     assert tasks == {"flipflop", "a5", "a4xz5", "z60", "mqrar"}
-    flipflop = next(grid for grid in grids if grid.task == "flipflop")
-    assert flipflop.models == ["nope", "rope", "sba", "fox", "path", "path_fox"]
-    assert len(flipflop.seeds) >= 3
-    configs = flipflop.configs("cuda")
-    assert len(configs) == 6 * len(flipflop.seeds) * len(flipflop.lrs or [None])
+    flipflop = [grid for grid in grids if grid.task == "flipflop"]
+    assert flipflop[0].models == ["nope", "rope", "sba", "fox", "path", "path_fox"]
+    assert len(flipflop[0].seeds) >= 3
+    configs = flipflop[0].configs("cuda")
+    assert len(configs) == 6 * len(flipflop[0].seeds) * len(flipflop[0].lrs or [None])
     assert {c["model"]["d_model"] for c in configs} == {64}
+    # Table 1 at one layer, PaTH also at two (the theorem's depth); both tested at 1,024 and
+    # 4,096 tokens, and the sparse split scores about 10^6 reads (3.5 a sequence).
+    assert [(grid.models, grid.layers) for grid in flipflop[1:]] == [(["path"], [2])]
+    for config in configs + flipflop[1].configs("cuda"):
+        assert config["task"]["config"]["eval_lengths"] == (1024, 4096)
+        assert config["train"]["eval_sizes"]["sparse"] * 3.5 >= 1e6
     mqrar = next(grid for grid in grids if grid.task == "mqrar")
     n_back = {c["task"]["config"]["n_back"] for c in mqrar.configs("cuda")}
     assert n_back == {1, 2, 3, 4}
     # Word problems pack their two learning rates x three seeds; MQRAR fills the GPU alone.
     assert {grid.task: grid.pack for grid in grids} == {"flipflop": 3, "a5": 6, "a4xz5": 6,
                                                         "z60": 6, "mqrar": 1}
-    # A5's depth is searched at every length of the ladder, each length its own chain.
-    a5 = next(grid for grid in grids if grid.task == "a5")
-    assert a5.until_solved and a5.grid == {"task.length": ["8", "12", "16", "20", "24"]}
+    # A5's depth is searched at every length of the ladder, each length its own chain, and
+    # tested at twice that length; the controls at the ladder's ends.
+    lengths = {}
+    for grid in grids:
+        if grid.task in ("a5", "a4xz5", "z60"):
+            assert grid.until_solved and len(grid.seeds) >= 3
+            task = grid.configs("cuda")[0]["task"]["config"]
+            assert task["eval_lengths"] == (2 * task["length"],)
+            lengths.setdefault(grid.task, []).append(task["length"])
+    assert lengths == {"a5": [4, 8, 12], "a4xz5": [4, 12], "z60": [4, 12]}
     for name in ("flipflop", "word_problems", "mqrar", "heads"):
         file_settings, _ = load_sweep_file(find_sweep_file(name))
         assert file_settings["out"].startswith("results/runs/")
