@@ -96,9 +96,8 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
     def report(name: str, summary: dict | None) -> None:
         status = summary["status"] if summary else "lost"
         counts[status] += 1
-        if status != "ok":
-            reason = summary["reason"] if summary else "its worker died; rerun the sweep"
-            tqdm.write(f"{name}: {status}: {reason}", file=sys.stderr)
+        if summary and status != "ok":  # lost runs: the executor says why, once per job
+            tqdm.write(f"{name}: {status}: {summary['reason']}", file=sys.stderr)
         bar.update(1)
         bar.set_postfix({key: value for key, value in counts.items() if key != "already done"})
         schedule.ended(name)
