@@ -71,7 +71,9 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
         dropped: set[str] = set()
         schedule = Schedule(planned, out, lambda configs: dropped.update(map(run_id, configs)),
                             dry_run=True)
+        packs = []
         while (pack := schedule.next_pack()) is not None:
+            packs.append([run_id(config) for config in pack])
             for config in pack:  # as if it had ended without a record
                 schedule.ended(run_id(config))
         for _, configs in planned:
@@ -81,6 +83,10 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
                 mark = "done" if name in done else "skip" if needless else "todo"
                 reason = "  (solved at fewer layers)" if mark == "skip" else ""
                 click.echo(f"{mark}  {name}{reason}")
+        if executor == "slurm":
+            click.echo(f"{len(packs)} Slurm jobs, at most {workers} at a time:")
+            for number, names in enumerate(packs, 1):
+                click.echo(f"job {number}: {', '.join(names)} (pack of {len(names)})")
         return counts
 
     bar = tqdm(total=total, initial=counts["already done"], desc="sweep", unit="run",
@@ -145,7 +151,8 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
 @click.option("--file", "sweep_file", default=None,
               help="Run the sweeps a TOML file defines (a path, or a shipped name: paper).")
 @click.option("--dry-run", is_flag=True,
-              help="List the runs as done, todo or skip (solved at fewer layers); run none.")
+              help="List the runs as done, todo or skip (solved at fewer layers), and with "
+                   "--executor slurm the jobs they go in; run none.")
 @click.pass_context
 def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solved, d_model,
           steps, batch_size, device, preset, out, sets, workers, pack, executor, slurm_options,

@@ -28,6 +28,7 @@ from pathbench.runners import executors
 from pathbench.runners.config import run_id
 from pathbench.runners.executors import QueueWatch, run_slurm, squeue
 from pathbench.runners.grid import Grid
+from pathbench.runners.sweep import run_grids
 
 # A few seconds per run on a CPU, as in test_runners_cli.py.
 TINY = ["--d-model", "16", "--steps", "4", "--batch-size", "8", "--set", "task.length=16",
@@ -212,6 +213,18 @@ def test_a_lost_job_fails_the_sweep_with_one_line_for_it(tmp_path, monkeypatch, 
     assert line.startswith("job 0_0: TIMEOUT (TimeLimit); lost flipflop-rope-")
     assert ": lost" not in stderr
     assert "2 lost" in stdout and "run the same command again" in stderr
+
+
+def test_dry_run_shows_the_slurm_jobs(tmp_path, capsys):
+    grid = Grid(task="flipflop", models=["rope"], seeds=[0, 1, 2], d_model=16, pack=2)
+    run_grids([grid], out=tmp_path, device="cpu", workers=4, executor="slurm", slurm_params={},
+              dry_run=True)
+    names = [run_id(config) for config in grid.configs("cpu")]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3:] == ["2 Slurm jobs, at most 4 at a time:",
+                          f"job 1: {names[0]}, {names[1]} (pack of 2)",
+                          f"job 2: {names[2]} (pack of 1)"]
+    assert not any(tmp_path.iterdir())
 
 
 # --- through a real Slurm -----------------------------------------------------------------------
