@@ -160,7 +160,8 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
     """Run a grid of runs over TASK, or the sweeps a --file defines.
 
     A run whose result.json exists is skipped, so running the same command again resumes an
-    interrupted sweep. Exit status 1 if a worker died before finishing its run.
+    interrupted sweep. Exit status 1 if runs were lost: a worker died, or a Slurm job ended,
+    before finishing them.
     """
 
     def given(name):
