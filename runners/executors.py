@@ -7,17 +7,24 @@
   the sweep goes on, and those runs are redone on the next invocation.
 - `run_slurm`: one Slurm array job per pack through submitit (``pip install 'pathbench[slurm]'``),
   at most ``workers`` at a time; ``--slurm KEY=VALUE`` passes executor parameters such as
-  ``slurm_partition=gpu`` or ``timeout_min=60``.
+  ``slurm_partition=gpu`` or ``timeout_min=60``. A job that leaves the queue without a result
+  (cancelled, timed out, its node lost) is noticed through squeue, with or without Slurm's
+  accounting, and its runs are reported lost.
 
 Each takes ``next_pack()`` (a pack to train, or None while none may start) and calls
-``report(run_id, summary or None)`` for each run as its pack ends (None: no record was made).
+``report(run_id, summary or None)`` for each run as its pack ends (None: no record was made,
+and the executor has said why, in one line for the pack).
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
+import signal
+import subprocess
 import sys
+import time
 from multiprocessing.connection import wait
 from pathlib import Path
 
@@ -28,9 +35,6 @@ from pathbench.runners.config import run_id
 from pathbench.runners.run import execute_runs
 
 EXECUTORS = ("local", "slurm")
-# submitit's cluster for --executor slurm; the tests set "local" to run the same path without
-# a Slurm installation.
-SUBMITIT_CLUSTER = "slurm"
 
 
 def run_here(next_pack, out: Path, report) -> bool:
@@ -136,6 +140,8 @@ class LocalPool:
                     summaries, gpu_lost = worker.connection.recv()
                 except (EOFError, OSError):  # the worker died mid-pack
                     summaries, gpu_lost = [None] * len(worker.runs), True
+                    tqdm.write(f"{', '.join(worker.runs)}: lost: its worker died",
+                               file=sys.stderr)
                 for name, summary in zip(worker.runs, summaries):
                     report(name, summary)
                 worker.runs = []
@@ -157,43 +163,125 @@ class LocalPool:
 
 
 def _submitit_job(configs: list[dict], out: str) -> list[dict]:
+    # submitit signals USR2 `signal_delay_s` before the time limit and, for a function that
+    # cannot checkpoint, raises inside it: the pack's runs would be recorded as crashed. They
+    # cannot resume anyway, so they train on until Slurm ends the job, which the sweep then
+    # reports as lost (TIMEOUT).
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     return _summaries(execute_runs(configs, Path(out), progress=False))
+
+
+# How often squeue is asked about the jobs in flight, and how long a job may have been out of
+# the queue before its missing result file counts as lost: a shared file system's attribute
+# cache (NFS's, by default) can hide a new file for up to a minute.
+QUEUE_POLL_S = 15
+RESULT_GRACE_S = 60
+# Slurm's states of a job that has ended
+ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+         "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"}
+
+
+def squeue(job_ids: list[str]) -> str | None:
+    """squeue's line ("ID STATE REASON") for each of these jobs Slurm still knows, ended ones
+    included; None if Slurm did not answer."""
+    command = ["squeue", "--noheader", "--array", "--states=all", "--format=%i %T %r",
+               "--jobs=" + ",".join(job_ids)]
+    try:
+        result = subprocess.run(command, check=False, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise UserError("--executor slurm needs Slurm's squeue on this host") from None
+    if result.returncode == 0:
+        return result.stdout
+    if "Invalid job id" in result.stderr:  # asked about one job, which Slurm has forgotten
+        return ""
+    return None
+
+
+class QueueWatch:
+    """Notices the jobs that have left Slurm's queue without a result, from squeue alone:
+    without accounting (sacct), submitit never learns that such a job has ended."""
+
+    def __init__(self):
+        self.asked = -math.inf
+        self.out_since: dict[str, tuple[float, str]] = {}  # job id -> (first seen out, why)
+
+    def lost(self, job_ids: list[str]) -> dict[str, str]:
+        """Those of these jobs (none with a result yet) out of the queue for RESULT_GRACE_S,
+        each with Slurm's reason; asks squeue at most every QUEUE_POLL_S."""
+        now = time.monotonic()
+        if not job_ids or now - self.asked < QUEUE_POLL_S:
+            return {}
+        self.asked = now
+        text = squeue(job_ids)
+        if text is None:  # no news; Slurm is asked again next time
+            return {}
+        states = {}
+        for line in text.splitlines():
+            job_id, state, reason = (line.split(maxsplit=2) + ["", ""])[:3]
+            states[job_id] = state, reason
+        out_since = {}
+        for job_id in job_ids:
+            state, reason = states.get(job_id, (None, ""))
+            if state is not None and state not in ENDED:
+                continue  # still queued, or requeued
+            since, why = self.out_since.get(job_id, (now, "left the queue without a result"))
+            if state is not None:
+                why = state if reason in ("", "None") else f"{state} ({reason})"
+            out_since[job_id] = since, why
+        self.out_since = out_since
+        return {job_id: why for job_id, (since, why) in out_since.items()
+                if now - since >= RESULT_GRACE_S}
 
 
 def run_slurm(next_pack, out: Path, workers: int, params: dict, report) -> None:
     """One submitit array job per pack, submitted as packs may start (``next_pack()``, None
-    when none may now); waits for all of them, reporting each run as its pack ends."""
+    when none may now); waits for all of them, reporting each run as its pack ends, or as lost
+    (None) when its job ends without a result."""
     try:
         import submitit
     except ModuleNotFoundError:
         raise UserError("--executor slurm needs submitit: pip install 'pathbench[slurm]'") from None
-    import time
 
-    executor = submitit.AutoExecutor(folder=out / ".submitit", cluster=SUBMITIT_CLUSTER)
+    executor = submitit.AutoExecutor(folder=out / ".submitit", cluster="slurm")
     try:
         executor.update_parameters(name="pathbench", **params)
     except (ValueError, TypeError) as exc:
         raise UserError(f"bad --slurm parameter: {' '.join(str(exc).split())}") from None
     remaining: dict = {}  # job -> its runs
+    queue = QueueWatch()
+
+    def lose(job, why: str) -> None:
+        names = remaining.pop(job)
+        tqdm.write(f"job {job.job_id}: {why}; lost {', '.join(names)}", file=sys.stderr)
+        for name in names:
+            report(name, None)
+
     while True:
         packs = []  # at most `workers` jobs at once, across the arrays submitted
         while len(remaining) + len(packs) < workers and (pack := next_pack()) is not None:
             packs.append(pack)
         if packs:
-            jobs = executor.map_array(_submitit_job, packs, [str(out)] * len(packs))
+            try:
+                jobs = executor.map_array(_submitit_job, packs, [str(out)] * len(packs))
+            except submitit.core.utils.FailedJobError as exc:  # sbatch's error, printed above
+                reason = str(exc).strip().splitlines()[-1].removeprefix("sbatch: error: ")
+                raise UserError(f"sbatch refused the job: {reason}") from None
             remaining.update(zip(jobs, ([run_id(config) for config in pack] for pack in packs)))
         if not remaining:
             return
-        for job in [job for job in remaining if job.done()]:
-            names = remaining.pop(job)
+        # Job.done() would ask sacct, which fails without accounting (a warning each time)
+        # and never reports a job that ended without a result: read the result file instead.
+        for job in [job for job in remaining if job.paths.result_pickle.exists()]:
             try:
                 summaries = job.result()
-            except Exception as exc:  # the job itself died: timeout, preemption, node failure
-                tqdm.write(f"{', '.join(names)}: job {job.job_id} ended without a record "
-                           f"({exc})", file=sys.stderr)
-                summaries = [None] * len(names)
-            for name, summary in zip(names, summaries):
+            except Exception:  # the job's Python process failed outside the runs
+                lose(job, f"failed (its log: {job.paths.stderr})")
+                continue
+            for name, summary in zip(remaining.pop(job), summaries):
                 report(name, summary)
+        by_id = {job.job_id: job for job in remaining}
+        for job_id, why in queue.lost(list(by_id)).items():
+            lose(by_id[job_id], why)
         time.sleep(1)
 
 

@@ -71,7 +71,9 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
         dropped: set[str] = set()
         schedule = Schedule(planned, out, lambda configs: dropped.update(map(run_id, configs)),
                             dry_run=True)
+        packs = []
         while (pack := schedule.next_pack()) is not None:
+            packs.append([run_id(config) for config in pack])
             for config in pack:  # as if it had ended without a record
                 schedule.ended(run_id(config))
         for _, configs in planned:
@@ -81,6 +83,10 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
                 mark = "done" if name in done else "skip" if needless else "todo"
                 reason = "  (solved at fewer layers)" if mark == "skip" else ""
                 click.echo(f"{mark}  {name}{reason}")
+        if executor == "slurm":
+            click.echo(f"{len(packs)} Slurm jobs, at most {workers} at a time:")
+            for number, names in enumerate(packs, 1):
+                click.echo(f"job {number}: {', '.join(names)} (pack of {len(names)})")
         return counts
 
     bar = tqdm(total=total, initial=counts["already done"], desc="sweep", unit="run",
@@ -96,9 +102,8 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
     def report(name: str, summary: dict | None) -> None:
         status = summary["status"] if summary else "lost"
         counts[status] += 1
-        if status != "ok":
-            reason = summary["reason"] if summary else "its worker died; rerun the sweep"
-            tqdm.write(f"{name}: {status}: {reason}", file=sys.stderr)
+        if summary and status != "ok":  # lost runs: the executor says why, once per job
+            tqdm.write(f"{name}: {status}: {summary['reason']}", file=sys.stderr)
         bar.update(1)
         bar.set_postfix({key: value for key, value in counts.items() if key != "already done"})
         schedule.ended(name)
@@ -146,7 +151,8 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
 @click.option("--file", "sweep_file", default=None,
               help="Run the sweeps a TOML file defines (a path, or a shipped name: paper).")
 @click.option("--dry-run", is_flag=True,
-              help="List the runs as done, todo or skip (solved at fewer layers); run none.")
+              help="List the runs as done, todo or skip (solved at fewer layers), and with "
+                   "--executor slurm the jobs they go in; run none.")
 @click.pass_context
 def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solved, d_model,
           steps, batch_size, device, preset, out, sets, workers, pack, executor, slurm_options,
@@ -154,7 +160,8 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
     """Run a grid of runs over TASK, or the sweeps a --file defines.
 
     A run whose result.json exists is skipped, so running the same command again resumes an
-    interrupted sweep. Exit status 1 if a worker died before finishing its run.
+    interrupted sweep. Exit status 1 if runs were lost: a worker died, or a Slurm job ended,
+    before finishing them.
     """
 
     def given(name):

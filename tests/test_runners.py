@@ -22,7 +22,6 @@ from pathbench.runners.config import (
     train_config,
 )
 from pathbench.runners.report import aggregate, load_frame, min_layers_table, solved_cells
-from pathbench.runners.executors import run_slurm
 from pathbench.runners.grid import Grid, find_sweep_file, load_sweep_file
 from pathbench.runners.schedule import Schedule, in_run_order
 from pathbench.runners.sweep import run_grids
@@ -460,48 +459,6 @@ def test_a_solved_model_still_trains_deeper_runs_another_grid_needs(tmp_path, ca
     marks = Counter(line.split()[0] for line in capsys.readouterr().out.splitlines()
                     if not line.startswith("sweep"))
     assert marks == {"done": 1, "todo": 2}  # the two-layer run, listed once per grid
-
-
-def test_slurm_keeps_at_most_workers_jobs_in_flight(tmp_path, monkeypatch):
-    submitit = pytest.importorskip("submitit")
-    import time
-
-    in_flight, most = set(), [0]
-
-    class Job:
-        job_id = "fake"
-
-        def __init__(self, pack):
-            self.pack, self.polls = pack, 0
-
-        def done(self):
-            self.polls += 1
-            return self.polls > 1
-
-        def result(self):
-            in_flight.discard(self)
-            return [{"run_id": run_id(c), "status": "ok", "reason": None} for c in self.pack]
-
-    class Executor:
-        def __init__(self, folder, cluster):
-            pass
-
-        def update_parameters(self, **params):
-            pass
-
-        def map_array(self, function, packs, outs):
-            jobs = [Job(pack) for pack in packs]
-            in_flight.update(jobs)
-            most[0] = max(most[0], len(in_flight))
-            return jobs
-
-    monkeypatch.setattr(submitit, "AutoExecutor", Executor)
-    monkeypatch.setattr(time, "sleep", lambda seconds: None)
-    grid = Grid(task="flipflop", models=["nope", "rope", "path"], seeds=[0, 1], d_model=16)
-    packs = iter([[config] for config in grid.configs("cpu")])
-    reported = []
-    run_slurm(lambda: next(packs, None), tmp_path, 2, {}, lambda name, summary: reported.append(name))
-    assert len(reported) == 6 and most[0] == 2
 
 
 def test_runs_shared_by_two_grids_train_once_and_release_both(tmp_path):

@@ -1,6 +1,6 @@
 """The main job end to end on tiny configurations: run, sweep (local workers, a SIGKILLed
-worker, resume, a corrupt record, the Slurm path through submitit's local executor), results,
-plot and inspect, and one-line errors for bad input."""
+worker, resume, a corrupt record; Slurm in test_slurm.py), results, plot and inspect, and
+one-line errors for bad input."""
 
 from __future__ import annotations
 
@@ -304,21 +304,6 @@ def test_sigkilled_worker_and_sigkilled_sweep_lose_nothing(tmp_path):
     records = results_of(out)
     assert len(records) == 8 and len(list(out.iterdir())) == 8
     assert all(record["status"] == "ok" for record in records.values())
-
-
-def test_slurm_executor_through_submitit_local(tmp_path, capsys, monkeypatch):
-    pytest.importorskip("submitit")
-    from pathbench.runners import executors
-
-    monkeypatch.setattr(executors, "SUBMITIT_CLUSTER", "local")
-    out = tmp_path / "runs"
-    code, stdout, stderr = cli(capsys, "sweep", "flipflop", "--models", "path,rope", *TINY,
-                               "--executor", "slurm", "--workers", "2", "--device", "cpu",
-                               "--slurm", "timeout_min=5", "--out", out)
-    assert code == 0, stderr
-    assert "2 ok" in stdout
-    assert {r["status"] for r in results_of(out).values()} == {"ok"}
-    assert (out / ".submitit").is_dir()
 
 
 def test_triton_backend_on_the_cpu_is_a_usage_error(tmp_path, capsys, monkeypatch):
