@@ -8,7 +8,11 @@ The panel kind follows from what varies among a task's runs:
 - the layer count -> accuracy against layers, a line per model;
 - otherwise one task setting (e.g. mqrar's n_back) -> accuracy against that setting;
 - otherwise -> a bar per model and test split (flip-flop's Table 1), showing the error in
-  percent where the task reports one.
+  percent where the task reports one;
+- and, where the runs were also tested on longer sequences (``task.eval_lengths``: splits
+  ``test_N``), the primary metric (or the error) against the evaluation length, a line per
+  model and training length, at the fewest layers that solved the training length (or, if
+  none did or the task has no threshold, the deepest run).
 
 Every value is at the learning rate that val picked (`pathbench.runners.report`); lines show the
 mean over seeds and every seed as a point, bars the mean and the min..max over seeds. A cell
@@ -67,7 +71,8 @@ def plan_panels(frame: pd.DataFrame) -> list[dict]:
     than the panel's axes and the model split a task into several panels."""
     panels = []
     for task, runs in frame.groupby("task", sort=True):
-        varying = varying_config_columns(runs)
+        # longer test splits add columns, not a setting that splits panels
+        varying = [c for c in varying_config_columns(runs) if c != "task.eval_lengths"]
         if runs["d_model"].nunique() > 1:
             varying.append("d_model")
         task_keys = [c for c in varying if c.startswith("task.")]
@@ -99,7 +104,17 @@ def plan_panels(frame: pd.DataFrame) -> list[dict]:
                                            kind=kind, x=x, runs=own))
                     continue
                 panels.append(dict(title=_title(task, named, shown), kind=kind, x=x, runs=shown))
+            if _longer_splits(group):
+                title = _title(task, named, group) + ", longer tests"
+                panels.append(dict(title=title, kind="generalisation", x=None, runs=group))
     return panels
+
+
+def _longer_splits(runs: pd.DataFrame) -> list[str]:
+    """The test_N splits among the runs', in order of N."""
+    names = {s for split_list in runs["splits"] for s in split_list
+             if s.startswith("test_") and s[5:].isdigit()}
+    return sorted(names, key=lambda split: int(split[5:]))
 
 
 def _title(task: str, named: str, runs: pd.DataFrame) -> str:
@@ -132,7 +147,9 @@ def draw_baselines(ax, runs: pd.DataFrame, split: str, x: str | None) -> list[di
     their values, for the panel's table."""
     rows = []
     prefix = f"baseline:{split}:"
-    for number, column in enumerate(c for c in runs.columns if c.startswith(prefix)):
+    # a column another task's runs brought into the frame is all NaN here
+    columns = [c for c in runs.columns if c.startswith(prefix) and runs[c].notna().any()]
+    for number, column in enumerate(columns):
         name = column[len(prefix):].replace("_", " ")
         style = dict(color="black", lw=1, alpha=0.6,
                      ls=BASELINE_STYLES[number % len(BASELINE_STYLES)], label=name)
@@ -201,8 +218,9 @@ def draw_lines(ax, panel: dict) -> str:
 
 
 def draw_depth_vs_length(ax, panel: dict) -> str:
-    """The fewest layers that solve the task at each length, a line per model; a model that
-    does not solve a length within the depths run is marked above the deepest, open."""
+    """The fewest layers that solve the task at each length, a line per model (the models a
+    little apart vertically, so that equal depths stay visible); a model that does not solve a
+    length within the depths run is marked above the deepest, open."""
     runs = panel["runs"]
     minimum = min_depth_by_length(runs)
     deepest = int(runs["layers"].max())
@@ -211,15 +229,17 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
     models = model_order(minimum["model"])
     several_heads = minimum["heads"].nunique() > 1
     rows = []
-    for model in models:
+    for number, model in enumerate(models):
+        # models drawn a little apart, so that equal depths stay visible
+        apart = 0.06 * (number - (len(models) - 1) / 2)
         for heads, cells in minimum[minimum["model"] == model].groupby("heads"):
             found = cells.iloc[0][lengths].tolist()
-            solved = [float(v) if str(v).isdigit() else np.nan for v in found]
+            solved = [float(v) + apart if str(v).isdigit() else np.nan for v in found]
             label = f"{model}, {heads} heads" if several_heads else model
             ax.plot(xs, solved, marker="o", lw=1.8, ms=4, color=colour(model, models),
                     label=label)
             beyond = [x for x, v in zip(xs, found) if str(v).startswith(">")]
-            ax.scatter(beyond, [deepest + 0.5] * len(beyond), marker="^", s=24,
+            ax.scatter(beyond, [deepest + 0.5 + apart] * len(beyond), marker="^", s=24,
                        facecolors="none", edgecolors=colour(model, models))
             rows.append({"model": label, **dict(zip(lengths, found))})
     ax.set_xlabel("length")
@@ -298,6 +318,49 @@ def draw_bars(ax, panel: dict) -> str:
     return text + to_markdown(pd.DataFrame(markdown_rows))
 
 
+def draw_generalisation(ax, panel: dict) -> str:
+    """Each model's metric at its training length (test) and on every longer test split."""
+    runs = panel["runs"]
+    has_error = any(c.endswith(":error") and runs[c].notna().any() for c in runs.columns)
+    table = aggregate(runs, "error" if has_error else None)
+    metric = table["metric"].iloc[0]
+    unit = " (%)" if metric == "error" else ""
+    table["length"] = [runs.loc[runs["cell"] == cell, "task.length"].iloc[0]
+                       for cell in table["cell"]]
+    models = model_order(table["model"])
+    rows, xs = [], set()
+    for model in models:
+        for (heads, length), cells in table[table["model"] == model].groupby(["heads", "length"]):
+            solved = cells[cells["solved"]]
+            row = (solved.loc[solved["layers"].idxmin()] if len(solved)
+                   else cells.loc[cells["layers"].idxmax()])
+            points = [(int(length), "test")] + [
+                (int(split[5:]), split) for split in _longer_splits(_picked_runs(runs, row))]
+            x = [n for n, _ in points]
+            ax.plot(x, [row.get(split, np.nan) for _, split in points], marker="o", lw=1.5,
+                    ms=4, color=colour(model, models), label=model)
+            xs.update(x)
+            rows.append({"model": model, "heads": tidy(heads), "trained at": tidy(length),
+                         "layers": tidy(row["layers"]), **{
+                             f"length={n}": _mean_sd(row.get(split, np.nan),
+                                                     row.get(f"{split}_std", np.nan))
+                             for n, split in points}})
+    if max(xs) / min(xs) > 4:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(xs), [str(x) for x in sorted(xs)])
+    ax.set_xlabel("evaluation length")
+    ax.set_ylabel(f"{metric}{unit}")
+    ax.set_ylim(-0.02, 1.02) if metric == "accuracy" else None
+    ax.grid(alpha=0.3)
+    frame = pd.DataFrame(rows)
+    frame = frame[[*frame.columns[:4], *sorted(frame.columns[4:], key=lambda c: int(c[7:]))]]
+    layers = ("the fewest layers that solved the training length on test, else the deepest run"
+              if table["solved_threshold"].notna().any() else "the layers trained")
+    return (f"## {panel['title']}: {metric}{unit} against evaluation length\n\n"
+            f"{_spread_note(table)} Each model at {layers}.\n\n"
+            + to_markdown(frame.fillna("")))
+
+
 def _mean_sd(mean: float, sd: float) -> str:
     if np.isnan(mean):
         return ""
@@ -311,7 +374,7 @@ def _bar_text(value: float) -> str:
 
 
 DRAW = {"lines": draw_lines, "bars": draw_bars, "depth_vs_length": draw_depth_vs_length,
-        "heatmap": draw_heatmap}
+        "heatmap": draw_heatmap, "generalisation": draw_generalisation}
 
 
 def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:

@@ -1,6 +1,7 @@
 """`pathbench results`: tables from run records (the figures of `pathbench plot` draw on them).
 
-Everything reads one table: a pandas frame with a row per run (``load_frame``). A *cell* is a
+Everything reads one table: a pandas frame with a row per run (``load_frame``), built from run
+records or read back from a CSV of it (``--format records``, `write_records`). A *cell* is a
 configuration up to its seed and learning rate. Validation decides, test reports: a cell is
 reported at the learning rate whose runs finished most often without diverging and, among
 those, had the highest mean of the primary metric on ``val`` (each record's final validation
@@ -16,6 +17,7 @@ to stop adding layers, on the first test split (the *headline*) for what tables 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -29,7 +31,10 @@ from pathbench.runners.config import DECISION_SPLIT, cell_key, parse_int_list
 # Columns that name a configuration in tables; the rest of the config is in "task.*",
 # "model.*" and "train.*" columns, shown only when they vary.
 NAME_COLUMNS = ["task", "model", "layers", "heads", "d_model"]
-FORMATS = ("table", "csv", "markdown")
+# csv: the table shown, machine-readable; records: every run's full row, which `results` and
+# `plot` read back in place of the run records (a file ending in .csv)
+FORMATS = ("table", "csv", "markdown", "records")
+LIST_COLUMNS = ("splits",)  # list-valued columns, written to a records table as JSON
 
 
 def record_row(record: dict) -> dict:
@@ -70,12 +75,33 @@ def _hashable(value):
 def load_frame(root: Path, only: set[str] | None = None, skip=None) -> pd.DataFrame:
     """Every run record under ``root`` (or only the named runs) as a frame, one row a run;
     ``root`` may also be a tar archive of run directories (see ``store.iter_results``, which
-    also says what ``skip`` does with a damaged record)."""
+    also says what ``skip`` does with a damaged record), or a records table (a .csv file)."""
+    if Path(root).suffix == ".csv":
+        frame = read_records(Path(root))
+        return frame if only is None else frame[frame["run_id"].isin(only)]
     rows = []
     for run_dir, record in store.iter_results(root, only, skip):
         record["run_dir"] = str(run_dir)
         rows.append(record_row(record))
     return pd.DataFrame(rows)
+
+
+def records_csv(frame: pd.DataFrame) -> str:
+    """The frame as a records table: CSV, one row a run, every column."""
+    frame = frame.assign(**{c: [json.dumps(v) for v in frame[c]] for c in LIST_COLUMNS})
+    return frame.to_csv(index=False).rstrip("\n")
+
+
+def read_records(path: Path) -> pd.DataFrame:
+    """A records table as the frame it was written from (`records_csv`)."""
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+        frame = frame.assign(**{c: [json.loads(v) for v in frame[c]] for c in LIST_COLUMNS})
+    except (OSError, ValueError, KeyError, pd.errors.ParserError) as exc:
+        raise UserError(f"cannot read the records table {path}: "
+                        f"{getattr(exc, 'strerror', None) or exc}") from None
+    # configuration values that a record leaves unset (None) read back as missing
+    return frame.astype(object).where(frame.notna(), None).infer_objects()
 
 
 def varying_config_columns(frame: pd.DataFrame) -> list[str]:
@@ -231,7 +257,8 @@ def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_te
     shown["ok/seeds"] = [f"{ok}/{seeds}" for ok, seeds in zip(table["ok"], table["seeds"])]
     unit = " (%)" if set(table["metric"]) == {"error"} else ""
     headline = splits[0] if splits else None
-    for column in [c for c in frame.columns if c.startswith(f"baseline:{headline}:")]:
+    for column in [c for c in frame.columns
+                   if c.startswith(f"baseline:{headline}:") and frame[c].notna().any()]:
         rule = column.rsplit(":", 1)[1].replace("_", " ")
         means = frame.groupby(["cell", "lr"])[column].mean()
         shown[f"{rule} ({headline})"] = [means.get((cell, lr), math.nan)
@@ -361,12 +388,19 @@ def filter_options(command):
 @click.option("--runs", "per_run", is_flag=True, help="A row per run, no aggregation.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 def results(directory, task, model, layers, heads, status, metric, all_lrs, per_run, fmt):
-    """Print the results table of the runs under DIRECTORY (default results/runs)."""
+    """Print the results table of the runs under DIRECTORY (default results/runs).
+
+    DIRECTORY may also be a tar archive of run directories (ARCHIVE/FOLDER: one folder of it)
+    or a records table written by --format records (a .csv file).
+    """
     frame = load_filtered(directory, dict(task=task, model=model, layers=layers, heads=heads,
                                            status=status))
     if metric is not None and not any(c.endswith(f":{metric}") for c in frame.columns):
         available = sorted({c.split(":", 1)[1] for c in frame.columns if ":" in c})
         raise UserError(f"no metric {metric!r} in these runs; available: {', '.join(available)}")
+    if fmt == "records":
+        click.echo(records_csv(frame))
+        return
     table = frame if per_run else aggregate(frame, metric, best_lr=not all_lrs)
     if fmt == "csv":  # one machine-readable table
         click.echo(render(display_table(table, frame, per_run, as_text=False), fmt))

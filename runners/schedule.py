@@ -28,38 +28,49 @@ class Schedule:
     once every run of the step before it has ended and the model has not solved the task
     there; once it has, the chain's deeper runs are dropped (unless another grid needs them).
     Chains wait for nothing else: not for other models, nor other grids, so that workers freed
-    by one finish the work of another. An --until-solved grid's packs go first, those with the
-    most layer counts still ahead first, because their chains are the longest paths through the
-    sweep; then the rest, longest runs first.
+    by one finish the work of another.
+
+    The grids take turns: the next pack comes from the grid that has had the fewest so far, so
+    that a sweep cut short has made progress on every experiment, not only on the one listed
+    first or with the most work. Within a grid, the packs whose chains have the most layer
+    counts still ahead go first (they are the longest paths through the sweep), then the
+    longest runs.
     """
 
     def __init__(self, planned: list[tuple[Grid, list[dict]]], out: Path, drop,
                  dry_run: bool = False):
         self.out, self.dry_run = out, dry_run
         self.drop = drop  # called with the runs (not yet done) that a solved model never needs
-        self.ready: list[tuple[tuple, list[dict]]] = []  # (priority, pack)
+        self.ready: list[tuple[int, tuple, list[dict]]] = []  # (grid number, priority, pack)
+        self.turns: dict[int, int] = {}  # grid number -> packs handed out
         # run id -> the chains waiting for it, for each run handed out and not ended (two
         # grids of one sweep may share runs; each is trained once)
         self.waiting: dict[str, list[_Chain]] = {}
         self.handed_out: set[str] = set()  # every run id ever queued
         # plain grids first: a run one of them needs is never dropped by a chain
-        for grid, configs in sorted(planned, key=lambda item: item[0].until_solved):
+        numbered = sorted(enumerate(planned), key=lambda item: item[1][0].until_solved)
+        for number, (grid, configs) in numbered:
+            self.turns[number] = 0
             if not grid.until_solved:
-                self._advance(_Chain(grid, [configs]))
+                self._advance(_Chain(grid, number, [configs]))
                 continue
             cells: dict[str, dict[int, list[dict]]] = {}
             for config in configs:
                 depths = cells.setdefault(cell_key(config, with_layers=False), {})
                 depths.setdefault(config["model"]["layers"], []).append(config)
             for depths in cells.values():
-                self._advance(_Chain(grid, [depths[layers] for layers in sorted(depths)]))
+                self._advance(_Chain(grid, number, [depths[n] for n in sorted(depths)]))
 
     def next_pack(self) -> list[dict] | None:
         """The pack to train next, or None while none may start."""
         if not self.ready:
             return None
-        self.ready.sort(key=lambda item: item[0])  # stable: equals keep the order handed out
-        return self.ready.pop(0)[1]
+        # min keeps the first of equals: the order in which packs became ready
+        best = min(range(len(self.ready)),
+                   key=lambda i: (self.turns[self.ready[i][0]], self.ready[i][1]))
+        number, _, pack = self.ready.pop(best)
+        self.turns[number] += 1
+        return pack
 
     def ended(self, name: str) -> None:
         """A run handed out has ended, with a record or without (its worker died)."""
@@ -83,7 +94,7 @@ class Schedule:
             self.handed_out.update(run_id(config) for config in new)
             steps_ahead = len(chain.steps) + 1 if chain.grid.until_solved else 0
             for pack in in_packs(in_run_order(new), chain.grid.pack):
-                self.ready.append(((-steps_ahead, *_run_order(pack[0])), pack))
+                self.ready.append((chain.number, (-steps_ahead, *_run_order(pack[0])), pack))
             chain.running = {run_id(config) for config in todo}
             for name in chain.running:
                 self.waiting.setdefault(name, []).append(chain)
@@ -105,6 +116,7 @@ class Schedule:
 @dataclass
 class _Chain:
     grid: Grid
+    number: int  # the grid's place in the sweep, for taking turns
     steps: list[list[dict]]  # the steps not yet handed out, in order
     last: list[dict] | None = None  # the step handed out (or found done) last
     running: set[str] = field(default_factory=set)  # its runs that have not ended

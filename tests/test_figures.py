@@ -3,6 +3,8 @@ heatmaps, baselines, every seed drawn, and no line through a cell that did not r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pathbench.runners import store
@@ -112,3 +114,79 @@ def test_no_empty_panel_for_a_task_without_the_metric(tmp_path):
     frame = load_frame(tmp_path)
     _, tables = draw(frame[frame["task"] == "mqrar"], tmp_path / "mqrar")
     assert "accuracy per split" in tables and "nan" not in tables
+
+
+def _write_metrics(out, task, model, layers, seed, val, metrics, sets=()):
+    """A record whose test splits are given in full: {split: {metric: value}}."""
+    config = _write(out, task, model, layers, seed, val, 0.0, sets=sets)
+    path = out / run_id(config) / "result.json"
+    data = __import__("json").loads(path.read_text())
+    data["metrics"] = metrics
+    store.write_json_atomic(path, data)
+
+
+def test_longer_tests_get_metric_against_evaluation_length(tmp_path):
+    """Word problems trained at 4 and 8, tested at twice that: each model at the fewest layers
+    that solved its training length; eval_lengths, which varies with length, splits no panel."""
+    for length in (4, 8):
+        for layers in (1, 2):
+            for seed in range(3):
+                solved = layers == 2 or length == 4
+                accuracy = 0.95 if solved else 0.4
+                _write_metrics(tmp_path, "a5", "path", layers, seed, accuracy, {
+                    "test": {"accuracy": accuracy - 0.01 * seed},
+                    f"test_{2 * length}": {"accuracy": accuracy / 2 + 0.01 * (layers - seed)}},
+                    sets=[f"task.length={length}", f"task.eval_lengths={2 * length}"])
+    panels = plan_panels(load_frame(tmp_path))
+    assert [panel["kind"] for panel in panels] == ["depth_vs_length", "lines", "generalisation"]
+    _, tables = draw(load_frame(tmp_path), tmp_path / "a5")
+    assert "accuracy against evaluation length" in tables
+    assert "| path | 4 | 4 | 1 | 0.94 ± 0.01 | 0.475 ± 0.01 |  |" in tables
+    assert "| path | 4 | 8 | 2 |  | 0.94 ± 0.01 | 0.485 ± 0.01 |" in tables
+
+
+def test_flipflop_longer_tests_show_the_error(tmp_path):
+    for model, error in (("rope", [30.0, 40.0, 45.0]), ("path", [0.0, 0.0, 1.0])):
+        _write_metrics(tmp_path, "flipflop", model, 1, 0, 0.9, {
+            split: {"accuracy": 1 - e / 100, "error": e}
+            for split, e in zip(("test", "test_64", "test_256"), error)},
+            sets=["task.length=32", "task.eval_lengths=64,256"])
+    panels = plan_panels(load_frame(tmp_path))
+    assert [panel["kind"] for panel in panels] == ["bars", "generalisation"]
+    _, tables = draw(load_frame(tmp_path), tmp_path / "flipflop")
+    assert "error (%) against evaluation length" in tables
+    assert "| rope | 2 | 32 | 1 | 30 | 40 | 45 |" in tables
+
+
+def test_a_records_table_gives_the_same_tables_and_figures(word_problem_runs, tmp_path, capsys):
+    """`results --format records` writes every run's row; `results` and `plot` read it back
+    in place of the records and give the same tables."""
+    from pathbench.runners.cli import main
+
+    main(["results", str(word_problem_runs), "--format", "records"])
+    table = tmp_path / "runs.csv"
+    table.write_text(capsys.readouterr().out)
+    assert len(table.read_text().splitlines()) == 1 + len(list(word_problem_runs.glob("*/result.json")))
+    outputs = []
+    for number, source in enumerate((word_problem_runs, table)):
+        main(["results", str(source), "--format", "markdown"])
+        main(["plot", str(source), "-o", str(tmp_path / f"figure{number}" / "a5")])
+        outputs.append([line for line in capsys.readouterr().out.splitlines()
+                        if not line.startswith("wrote")])
+    assert outputs[0] == outputs[1]
+    assert (tmp_path / "figure1" / "a5.md").read_text() == (
+        tmp_path / "figure0" / "a5.md").read_text()
+    assert "| path | 1 | 2 |" in outputs[1]
+
+
+COMMITTED = Path(__file__).parent / "data"
+
+
+def test_a_committed_records_table_regenerates_its_figure(tmp_path, capsys):
+    """tests/data/a5_runs.csv (A5 at lengths 4 and 8 from the paper sweep's H200 records, every
+    model) gives the committed tables of its figure, tests/data/a5_runs.md."""
+    from pathbench.runners.cli import main
+
+    main(["plot", str(COMMITTED / "a5_runs.csv"), "-o", str(tmp_path / "a5_runs")])
+    assert (tmp_path / "a5_runs.md").read_text() == (COMMITTED / "a5_runs.md").read_text()
+    assert (tmp_path / "a5_runs.png").stat().st_size > 0

@@ -421,23 +421,24 @@ def test_wilson_interval():
     assert (round(low, 4), round(high, 4)) == (0.4038, 0.5962)
 
 
-def test_a_model_goes_deeper_without_waiting_for_others_and_gating_packs_go_first(tmp_path):
+def test_a_model_goes_deeper_without_waiting_for_others_and_grids_take_turns(tmp_path):
     chains = Grid(task="a5", models=["path", "rope"], layers=[1, 2], seeds=[0, 1], pack=2,
                   sets=["task.length=8"], until_solved=True)
     plain = Grid(task="flipflop", models=["nope"], layers=[4], seeds=[0], d_model=16)
     schedule = Schedule([(plain, plain.configs("cpu")), (chains, chains.configs("cpu"))],
                          tmp_path, lambda configs: None)
     first, second, third = (schedule.next_pack() for _ in range(3))
-    # the one-layer packs gate the two-layer ones, so they go before the (longer) plain run
+    # each grid in turn; the one-layer packs gate the two-layer ones, so the chains' grid,
+    # tied with the plain one, goes first
     assert [(p[0]["task"]["name"], p[0]["model"]["layers"]) for p in (first, second, third)] == [
-        ("a5", 1), ("a5", 1), ("flipflop", 4)]
+        ("a5", 1), ("flipflop", 4), ("a5", 1)]
     assert schedule.next_pack() is None  # nothing else may start yet
-    for config in second:  # one model's first layer count ends, the other's is still training
+    for config in third:  # one model's first layer count ends, the other's is still training
         store.write_json_atomic(tmp_path / run_id(config) / "result.json", _fake_record(config, 0.5))
         schedule.ended(run_id(config))
     deeper = schedule.next_pack()
     assert [(c["model"]["attention"], c["model"]["layers"]) for c in deeper] == [
-        (second[0]["model"]["attention"], 2)] * 2
+        (third[0]["model"]["attention"], 2)] * 2
     assert schedule.next_pack() is None
 
 
