@@ -183,8 +183,12 @@ COMMITTED = Path(__file__).parent / "data"
 
 
 def test_a_committed_records_table_regenerates_its_figure(tmp_path, capsys):
-    """tests/data/a5_runs.csv (A5 at lengths 4 and 8 from the paper sweep's H200 records, every
-    model) gives the committed tables of its figure, tests/data/a5_runs.md."""
+    """tests/data/a5_runs.csv gives the committed tables of its figure, tests/data/a5_runs.md.
+
+    The table holds H200 records of the paper sweep (`pathbench results DIR --task a5 --format
+    records`): PaTH's and RoPE's runs at lengths 4 and 8, without the columns that are empty
+    there and without run_dir. a5_runs.md is `pathbench plot tests/data/a5_runs.csv -o
+    tests/data/a5_runs`'s."""
     from pathbench.runners.cli import main
 
     main(["plot", str(COMMITTED / "a5_runs.csv"), "-o", str(tmp_path / "a5_runs")])

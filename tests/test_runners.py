@@ -648,3 +648,10 @@ def test_tasks_bring_their_cpu_presets():
     a5, paper_a5 = resolve_run("a5", device="cpu"), resolve_run("a5", device="cpu", preset="paper")
     assert a5["task"]["config"]["length"] == 3 and paper_a5["task"]["config"]["length"] == 20
     assert a5["train"]["schedule"] == "constant" and a5["model"] == paper_a5["model"]
+    s5 = resolve_run("s5", device="cpu")  # S5 has its own: words of 2, one layer
+    assert (s5["task"]["config"]["length"], s5["model"]["layers"]) == (2, 1)
+    from pathbench.registry import BUILTIN
+    from pathbench.tasks import TASKS
+
+    builtins = [name for name, entry in TASKS.entries().items() if entry.origin == BUILTIN]
+    assert len(builtins) == 6 and all("cpu" in TASKS.get(name).presets for name in builtins)
