@@ -1,7 +1,7 @@
 """`pathbench results`: tables from run records (the figures of `pathbench plot` draw on them).
 
 Everything reads one table: a pandas frame with a row per run (``load_frame``), built from run
-records or read back from a CSV of it (``--format records``, `write_records`). A *cell* is a
+records or read back from a CSV of it (``--format records``, `records_csv`). A *cell* is a
 configuration up to its seed and learning rate. Validation decides, test reports: a cell is
 reported at the learning rate whose runs finished most often without diverging and, among
 those, had the highest mean of the primary metric on ``val`` (each record's final validation
