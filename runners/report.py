@@ -8,7 +8,9 @@ those, had the highest mean of the primary metric on ``val`` (each record's fina
 metrics). Its value on every test split is then the mean over its seeds at that learning rate
 (runs that diverged or failed have no metrics; tables show how many seeds finished "ok"), and
 its spread the sample standard deviation over those seeds (n - 1; tables) or their min..max
-(figures). A rate measured on N scored positions also has its 95% Wilson interval (``--runs``).
+(figures). A rate measured on N scored positions also has its 95% Wilson interval: per run
+(``--runs``), and in a cell's row that of the rate pooled over its seeds' scored positions, which
+says how finely the evaluation data resolve the rate (the spread over seeds is the ± beside it).
 
 A cell *solves* a task (one with a ``solved_threshold``, 0.9 for the word problems) when at least
 two thirds of its seeds reach the threshold: on ``val`` for ``sweep --until-solved``'s decision
@@ -35,6 +37,8 @@ NAME_COLUMNS = ["task", "model", "layers", "heads", "d_model"]
 # `plot` read back in place of the run records (a file ending in .csv)
 FORMATS = ("table", "csv", "markdown", "records")
 LIST_COLUMNS = ("splits",)  # list-valued columns, written to a records table as JSON
+PERCENT_METRICS = {"error"}  # metrics a task reports in percent; the rest are fractions
+RATE_METRICS = {"accuracy", *PERCENT_METRICS}  # rates of scored positions: Wilson intervals
 
 
 def record_row(record: dict) -> dict:
@@ -117,7 +121,8 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
     sample standard deviation, min and max of ``metric`` (default: the primary metric) on every
     test split. ``score`` is the mean primary metric on val, which picks the learning rate;
     ``val_solved`` and ``solved`` say whether two thirds of the seeds reach the task's threshold
-    on val and on the headline test split."""
+    on val and on the headline test split. A rate with a count of scored positions also gets
+    the 95% Wilson interval of the rate pooled over the seeds (SPLIT_low, SPLIT_high)."""
     shown_config = varying_config_columns(frame)
     rows = []
     for (cell, lr), runs in frame.groupby(["cell", "lr"], sort=False):
@@ -135,6 +140,7 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
             row[f"{split}_std"] = values.std(ddof=1)
             row[f"{split}_min"] = values.min()
             row[f"{split}_max"] = values.max()
+            row[f"{split}_low"], row[f"{split}_high"] = _pooled_interval(runs, split, name)
         primary = first["primary_metric"]
         scores = _values(runs, f"{DECISION_SPLIT}:{primary}")
         row["score"] = scores.mean() if len(scores) else -math.inf
@@ -154,6 +160,21 @@ def _values(runs: pd.DataFrame, column: str) -> pd.Series:
     return runs[column].dropna() if column in runs else pd.Series(dtype=float)
 
 
+def _pooled_interval(runs: pd.DataFrame, split: str, metric: str) -> tuple[float, float]:
+    """The 95% Wilson interval of a rate pooled over the runs' scored positions of ``split``
+    (in the metric's unit); NaN where the metric is not a rate with counts."""
+    if metric not in RATE_METRICS or f"{split}:scored" not in runs:
+        return math.nan, math.nan
+    both = runs[[f"{split}:{metric}", f"{split}:scored"]].dropna()
+    total = int(both.iloc[:, 1].sum())
+    if not total:
+        return math.nan, math.nan
+    scale = 100.0 if metric in PERCENT_METRICS else 1.0
+    rate = float((both.iloc[:, 0] * both.iloc[:, 1]).sum()) / total / scale
+    low, high = wilson_interval(rate, total)
+    return low * scale, high * scale
+
+
 def _solved(values: pd.Series, seeds: int, threshold) -> bool:
     """At least two thirds of the seeds reach the threshold (two of three; one of one)."""
     if threshold is None or (isinstance(threshold, float) and math.isnan(threshold)):
@@ -167,7 +188,10 @@ def wilson_interval(rate: float, n: int, z: float = 1.96) -> tuple[float, float]
         return math.nan, math.nan
     centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at a rate of 0 or 1 the interval ends there exactly (not at a rounding error beside it)
+    low = 0.0 if rate <= 0 else max(0.0, centre - half)
+    high = 1.0 if rate >= 1 else min(1.0, centre + half)
+    return low, high
 
 
 def solved_cells(frame: pd.DataFrame) -> set[str]:
@@ -235,8 +259,9 @@ def apply_filters(frame: pd.DataFrame, *, task=None, model=None, layers=None, he
 
 def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_text: bool = True
                   ) -> pd.DataFrame:
-    """The columns a reader wants, in order; per test split "mean ± sd" text or (``as_text``
-    False, for CSV) two numeric columns, SPLIT and SPLIT_std (a sample standard deviation).
+    """The columns a reader wants, in order; per test split "mean ± sd [low, high]" text or
+    (``as_text`` False, for CSV) numeric columns, SPLIT, SPLIT_std (a sample standard deviation)
+    and, for a rate with counts, SPLIT_low and SPLIT_high (its pooled 95% Wilson interval).
     Per run, each rate with a count of scored positions also gets its 95% Wilson interval
     (SPLIT:METRIC 95% CI). A metric in percent (error) has " (%)" in its columns' names."""
     config_columns = [*NAME_COLUMNS, *varying_config_columns(frame), "lr"]
@@ -267,15 +292,16 @@ def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_te
         if split not in table:
             continue
         if as_text:
-            shown[split + unit] = [_mean_std(m, s)
-                                   for m, s in zip(table[split], table[f"{split}_std"])]
+            shown[split + unit] = [_mean_std(*values) for values in zip(
+                table[split], table[f"{split}_std"], table[f"{split}_low"],
+                table[f"{split}_high"])]
         else:
             shown[split + unit] = table[split]
             shown[f"{split}_std{unit}"] = table[f"{split}_std"]
+            if table[f"{split}_low"].notna().any():
+                shown[f"{split}_low{unit}"] = table[f"{split}_low"]
+                shown[f"{split}_high{unit}"] = table[f"{split}_high"]
     return shown
-
-
-PERCENT_METRICS = {"error"}  # metrics a task reports in percent; the rest are fractions
 
 
 def _with_intervals(shown: pd.DataFrame, as_text: bool) -> pd.DataFrame:
@@ -289,7 +315,7 @@ def _with_intervals(shown: pd.DataFrame, as_text: bool) -> pd.DataFrame:
         percent = metric in PERCENT_METRICS
         columns[column + (" (%)" if percent else "")] = shown[column]
         counts = shown.get(f"{split}:scored")
-        if metric in ("accuracy", *PERCENT_METRICS) and counts is not None:
+        if metric in RATE_METRICS and counts is not None:
             scale = 100.0 if percent else 1.0
             bounds = [wilson_interval(value / scale, int(n)) if value == value and n == n
                       else (math.nan, math.nan) for value, n in zip(shown[column], counts)]
@@ -323,12 +349,12 @@ def tidy(value):
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _mean_std(mean: float, std: float) -> str:
+def _mean_std(mean: float, std: float, low: float = math.nan, high: float = math.nan) -> str:
+    """"mean ± sd", and "[low, high]" where the rate has a pooled interval."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return ""
-    if std is None or math.isnan(std):  # one seed: no spread
-        return f"{mean:.4g}"
-    return f"{mean:.4g} ± {std:.2g}"
+    text = f"{mean:.4g}" if std is None or math.isnan(std) else f"{mean:.4g} ± {std:.2g}"
+    return text if math.isnan(low) else f"{text} [{low:.3g}, {high:.3g}]"
 
 
 def to_markdown(frame: pd.DataFrame) -> str:
@@ -419,5 +445,6 @@ def results(directory, task, model, layers, heads, status, metric, all_lrs, per_
                             f"{render(depth, fmt)}")
     note = ("one row per run; rates with their 95% Wilson interval" if per_run else
             "learning rate picked on val (--all-lrs: every one); test splits: mean ± sample "
-            "standard deviation (n - 1) over the seeds that finished ok")
+            "standard deviation (n - 1) over the seeds that finished ok; [low, high]: the 95% "
+            "Wilson interval of the rate pooled over their scored positions")
     click.echo("\n\n".join(sections) + f"\n\n({note})")

@@ -419,6 +419,23 @@ def test_wilson_interval():
     assert low == 0.0 and high == pytest.approx(3.84e-6, rel=1e-2)  # 1.96^2 / n
     low, high = wilson_interval(0.5, 100)
     assert (round(low, 4), round(high, 4)) == (0.4038, 0.5962)
+    assert wilson_interval(1.0, 7)[1] == 1.0
+
+
+def test_a_cells_interval_is_that_of_the_rate_pooled_over_its_seeds(tmp_path):
+    """Three seeds scored on 100, 100 and 200 positions: the cell's interval is the Wilson
+    interval of all 400 positions' rate, next to the plain mean and sd over the seeds."""
+    from pathbench.runners.report import wilson_interval
+
+    grid = Grid(task="a5", models=["path"], layers=[2], seeds=[0, 1, 2], sets=["task.length=8"])
+    for config, accuracy, scored in zip(grid.configs("cpu"), [0.5, 1.0, 0.75], [100, 100, 200]):
+        record = _fake_record(config, accuracy)
+        record["metrics"]["test"]["scored"] = scored
+        store.write_json_atomic(tmp_path / run_id(config) / "result.json", record)
+    row = aggregate(load_frame(tmp_path)).iloc[0]
+    assert row["test"] == pytest.approx(0.75)
+    assert (row["test_low"], row["test_high"]) == pytest.approx(wilson_interval(0.75, 400))
+    assert row["test_high"] - row["test_low"] < 0.1 < 2 * row["test_std"]  # not the seeds' spread
 
 
 def test_a_model_goes_deeper_without_waiting_for_others_and_grids_take_turns(tmp_path):
