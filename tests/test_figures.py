@@ -194,3 +194,24 @@ def test_a_committed_records_table_regenerates_its_figure(tmp_path, capsys):
     main(["plot", str(COMMITTED / "a5_runs.csv"), "-o", str(tmp_path / "a5_runs")])
     assert (tmp_path / "a5_runs.md").read_text() == (COMMITTED / "a5_runs.md").read_text()
     assert (tmp_path / "a5_runs.png").stat().st_size > 0
+
+
+def test_results_paper_is_what_its_records_give(tmp_path):
+    """results/paper/regenerate.sh, run into an empty folder, writes the committed runs.csv
+    (from runs.tar.xz) and every committed table (from runs.csv) byte for byte, and its
+    figures."""
+    import os
+    import subprocess
+    import sys
+
+    paper = Path(__file__).parents[1] / "results" / "paper"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["bash", str(paper / "regenerate.sh"), str(tmp_path)], env=env, check=True)
+    committed = sorted(p.name for p in paper.iterdir() if p.suffix in (".csv", ".md", ".png")
+                       and p.name != "README.md")
+    assert sorted(p.name for p in tmp_path.iterdir()) == committed
+    for name in committed:
+        if name.endswith(".png"):  # PNG bytes vary with matplotlib's version
+            assert (tmp_path / name).stat().st_size > 0
+        else:
+            assert (tmp_path / name).read_text() == (paper / name).read_text(), name

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The paper reproduction on a lent H200, over calls of at most ten minutes each:
-#   run(command="bash results/paper/gpu_run.sh start 560")   # first call
-#   run(command="bash results/paper/gpu_run.sh wait 590")    # each later call, within 30 s
+# The paper reproduction on a GPU machine reached by commands of at most ten minutes each:
+#   bash results/paper/gpu_run.sh start 560   # the first command
+#   bash results/paper/gpu_run.sh wait 590    # each later one, before the machine is idle
 # `start` installs pathbench, starts CUDA MPS (so that the sweep's worker processes run their
 # kernels on the GPU at the same time instead of taking turns) and starts the one command
 #   pathbench sweep --file paper
