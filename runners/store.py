@@ -132,7 +132,7 @@ def find_run_dirs(root: Path) -> list[Path]:
 
 def split_archive_path(path: Path) -> tuple[Path, PurePosixPath] | None:
     """(archive, folder inside it) when ``path`` names a tar archive of run directories or a
-    folder inside one (``runs.tar.xz/a5_long``); None for anything else."""
+    folder inside one (``runs.tar.xz/paper``); None for anything else."""
     path = Path(path)
     for candidate in (path, *path.parents):
         if candidate.name.endswith(ARCHIVE_SUFFIXES) and candidate.is_file():
