@@ -169,9 +169,14 @@ def _pooled_interval(runs: pd.DataFrame, split: str, metric: str) -> tuple[float
     total = int(both.iloc[:, 1].sum())
     if not total:
         return math.nan, math.nan
+    return rate_interval(float((both.iloc[:, 0] * both.iloc[:, 1]).sum()) / total, total, metric)
+
+
+def rate_interval(value: float, n: int, metric: str) -> tuple[float, float]:
+    """The 95% Wilson interval of a rate metric's value measured on n positions, in the
+    metric's unit (percent for error)."""
     scale = 100.0 if metric in PERCENT_METRICS else 1.0
-    rate = float((both.iloc[:, 0] * both.iloc[:, 1]).sum()) / total / scale
-    low, high = wilson_interval(rate, total)
+    low, high = wilson_interval(value / scale, n)
     return low * scale, high * scale
 
 
@@ -316,16 +321,15 @@ def _with_intervals(shown: pd.DataFrame, as_text: bool) -> pd.DataFrame:
         columns[column + (" (%)" if percent else "")] = shown[column]
         counts = shown.get(f"{split}:scored")
         if metric in RATE_METRICS and counts is not None:
-            scale = 100.0 if percent else 1.0
-            bounds = [wilson_interval(value / scale, int(n)) if value == value and n == n
+            bounds = [rate_interval(value, int(n), metric) if value == value and n == n
                       else (math.nan, math.nan) for value, n in zip(shown[column], counts)]
             name = f"{column} 95% CI" + (" (%)" if percent else "")
             if as_text:
-                columns[name] = ["" if math.isnan(low) else f"[{low * scale:.3g}, {high * scale:.3g}]"
+                columns[name] = ["" if math.isnan(low) else f"[{low:.3g}, {high:.3g}]"
                                  for low, high in bounds]
             else:
-                columns[name + " low"] = [low * scale for low, _ in bounds]
-                columns[name + " high"] = [high * scale for _, high in bounds]
+                columns[name + " low"] = [low for low, _ in bounds]
+                columns[name + " high"] = [high for _, high in bounds]
     return pd.DataFrame(columns)
 
 
