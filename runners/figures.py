@@ -377,9 +377,9 @@ DRAW = {"lines": draw_lines, "bars": draw_bars, "depth_vs_length": draw_depth_vs
         "heatmap": draw_heatmap, "generalisation": draw_generalisation}
 
 
-def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
-    """Draw every panel into one figure; write OUTPUT.png, OUTPUT.pdf and OUTPUT.md, each through a
-    temporary file renamed into place."""
+def render(frame: pd.DataFrame) -> tuple[Figure, str]:
+    """Every panel drawn into one figure (each axes titled with its panel's title), and the
+    panels' markdown tables."""
     panels = plan_panels(frame)
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
@@ -399,6 +399,13 @@ def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
     # about four entries fit under one panel's width
     figure.legend(legend.values(), legend.keys(), loc="outside lower center",
                   ncols=min(4 * columns, len(legend)), frameon=False, fontsize=8)
+    return figure, "\n\n".join(texts)
+
+
+def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
+    """Draw every panel into one figure; write OUTPUT.png, OUTPUT.pdf and OUTPUT.md, each
+    through a temporary file renamed into place."""
+    figure, tables = render(frame)
     stem = output.with_suffix("") if output.suffix in (".png", ".pdf", ".md") else output
     stem.parent.mkdir(parents=True, exist_ok=True)
     written = []
@@ -406,7 +413,6 @@ def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
         path = stem.with_name(f"{stem.name}.{fmt}")
         write_atomic(path, lambda file: figure.savefig(file, format=fmt, dpi=200))
         written.append(path)
-    tables = "\n\n".join(texts)
     markdown = stem.with_name(stem.name + ".md")
     write_text_atomic(markdown, tables + "\n")
     written.append(markdown)

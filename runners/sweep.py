@@ -42,6 +42,15 @@ from pathbench.runners.schedule import Schedule, is_done
 # The outcome counted when a sweep training in its own process stops because a failed run left
 # that process unable to use the GPU (workers in separate processes are replaced instead).
 GPU_LOST = "stopped (GPU lost)"
+SKIPPED = "skipped (solved at fewer layers)"
+# The order of the outcomes in the closing summary, whatever order the runs ended in.
+OUTCOMES = ("ok", "diverged", "failed", "lost", GPU_LOST, SKIPPED, "already done")
+
+
+def summary_line(counts: Counter) -> str:
+    """"N ok, N lost, ..." in the order of OUTCOMES (any other outcome after them, by name)."""
+    order = [*OUTCOMES, *sorted(set(counts) - set(OUTCOMES))]
+    return ", ".join(f"{counts[key]} {key}" for key in order if counts[key])
 
 
 def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, executor: str,
@@ -93,7 +102,7 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
                dynamic_ncols=True)
 
     def skip(configs: list[dict]) -> None:
-        counts["skipped (solved at fewer layers)"] += len(configs)
+        counts[SKIPPED] += len(configs)
         bar.total -= len(configs)
         bar.refresh()
 
@@ -196,8 +205,7 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
                        slurm_params=parse_slurm_params(slurm_options), dry_run=dry_run)
     if dry_run:
         return
-    summary = ", ".join(f"{value} {key}" for key, value in counts.items() if value)
-    click.echo(f"sweep finished: {summary or 'nothing to do'}; records in {out}")
+    click.echo(f"sweep finished: {summary_line(counts) or 'nothing to do'}; records in {out}")
     if counts["lost"]:
         click.echo(f"{counts['lost']} runs did not finish; run the same command again to finish "
                    f"them", err=True)

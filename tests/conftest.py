@@ -1,5 +1,6 @@
 """Shared helpers and fixtures: running the command line in this process or in a subprocess,
-and the example task plugin.
+reading a sweep's closing counts, the same global random state for every test, and the example
+task plugin.
 
 The plugin package in tests/plugin is installed with pip into a temporary folder (``--target``)
 that the command's subprocess gets on its PYTHONPATH, where Python's entry-point discovery finds
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +38,16 @@ def cli(capsys, *args) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def sweep_counts(stdout: str) -> dict[str, int]:
+    """The outcome counts of a sweep's closing line ("sweep finished: 1 ok, 1 lost; ...")."""
+    [line] = [line for line in stdout.splitlines() if line.startswith("sweep finished: ")]
+    summary = line.removeprefix("sweep finished: ").rsplit("; records in ", 1)[0]
+    if summary == "nothing to do":
+        return {}
+    return {outcome: int(count) for count, outcome in
+            (re.fullmatch(r"(\d+) (.+)", part).groups() for part in summary.split(", "))}
+
+
 def run_pathbench(args, cwd, extra_path: Path | None = None) -> subprocess.CompletedProcess:
     """``pathbench ARGS`` in a fresh interpreter, with ``extra_path`` first on its sys.path."""
     env = dict(os.environ)
@@ -42,7 +55,7 @@ def run_pathbench(args, cwd, extra_path: Path | None = None) -> subprocess.Compl
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "pathbench.runners.cli", *map(str, args)],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
     )
 
 
@@ -83,6 +96,19 @@ def plugin_site(tmp_path_factory) -> Path:
 def plugin_cli(tmp_path, plugin_site):
     """Run the command line in a subprocess that sees the installed example plugin."""
     return lambda *args: run_pathbench(args, cwd=tmp_path, extra_path=plugin_site)
+
+
+@pytest.fixture(autouse=True)
+def fixed_global_seeds():
+    """Every test starts from the same global random state, whatever ran before it: a test
+    that draws from torch's, numpy's or Python's global generator gives the same inputs alone,
+    in any order, and on every run."""
+    import numpy as np
+    import torch
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
 
 
 @pytest.fixture

@@ -1,16 +1,52 @@
 """`pathbench plot`'s panels from made-up records: depth against length, heads x layers
-heatmaps, baselines, every seed drawn, and no line through a cell that did not run."""
+heatmaps, baselines, every seed drawn, and no line through a cell that did not run. Each test
+reads what the figure shows (its lines' points, bars' heights, heatmaps' values), not only its
+tables."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
+from matplotlib.container import BarContainer
 
 from pathbench.runners import store
 from pathbench.runners.config import resolve_run, run_id
-from pathbench.runners.figures import draw, plan_panels
+from pathbench.runners.figures import draw, plan_panels, render
 from pathbench.runners.report import load_frame
+
+
+def shown(figure) -> dict[str, dict]:
+    """What each panel of a figure shows, by panel title: each labelled line's points (y None
+    where the line breaks; a second line of the same label as "LABEL #2"), each labelled set of
+    bars' heights, and a heatmap's values (rows bottom up, None where blank)."""
+    def number(value):
+        return None if math.isnan(value) else round(float(value), 6)
+
+    panels = {}
+    for ax in figure.axes:
+        if not ax.get_visible() or not ax.get_title():  # hidden, or a colour bar
+            continue
+        panel = {}
+        for line in ax.get_lines():
+            label = line.get_label()
+            if not label.startswith("_"):
+                name = next(f"{label} #{n}" if n > 1 else label for n in range(1, 99)
+                            if (f"{label} #{n}" if n > 1 else label) not in panel)
+                panel[name] = [(number(x), number(y)) for x, y in line.get_xydata()]
+        for bars in ax.containers:
+            if isinstance(bars, BarContainer):
+                panel[bars.get_label()] = [number(bar.get_height()) for bar in bars]
+        if ax.images:
+            values = ax.images[0].get_array()
+            blank = np.ma.getmaskarray(values) | np.isnan(values.filled(np.nan))
+            panel["heatmap"] = [[None if blank[i, j] else number(values[i, j])
+                                 for j in range(values.shape[1])]
+                                for i in range(values.shape[0])]
+        panels[ax.get_title()] = panel
+    return panels
 
 
 def _record(config, val, test, baselines=None):
@@ -57,27 +93,40 @@ def test_word_problems_get_depth_against_length_and_accuracy_at_the_longest(word
     panels = plan_panels(load_frame(word_problem_runs))
     assert [panel["kind"] for panel in panels] == ["depth_vs_length", "lines"]
     assert panels[1]["title"] == "a5 (length 16, 500 steps)"
-    _, tables = draw(load_frame(word_problem_runs), tmp_path / "figure" / "a5")
+    written, tables = draw(load_frame(word_problem_runs), tmp_path / "figure" / "a5")
+    assert [path.name for path in written] == ["a5.png", "a5.pdf", "a5.md"]
     assert "| path | 1 | 2 |" in tables  # minimum layers at length 8 and 16
     assert "| rope | 2 | >3 |" in tables
     # at length 16, rope's 2-layer cell did not run: its row has no value there
     assert "| rope | 0.290 ± 0.01 |  | 0.290 ± 0.01 |" in tables
     assert "| baseline: chance | 0.017 | 0.017 | 0.017 |" in tables
-    assert (tmp_path / "figure" / "a5.png").stat().st_size > 0
+
+    depth, lines = shown(render(load_frame(word_problem_runs))[0]).values()
+    # models are drawn a little apart vertically; rope solves no length-16 cell: no point
+    assert {model: [(x, y and round(y)) for x, y in points]
+            for model, points in depth.items()} == {"path": [(8, 1), (16, 2)],
+                                                    "rope": [(8, 2), (16, None)]}
+    assert lines["path"] == [(1, 0.29), (2, 0.94), (3, 0.94)]
+    assert lines["rope"] == [(1, 0.29), (2, None), (3, 0.29)]  # broken where no run was
+    assert {y for _, y in lines["chance"]} == {round(1 / 60, 6)}
+    assert {y for _, y in lines["solved (90%)"]} == {0.9}
 
 
 def test_heads_and_layers_get_a_heatmap_per_model(tmp_path):
     for model in ("path", "rope"):
         for layers in (1, 2):
             for heads in (1, 2):
-                _write(tmp_path, "flipflop", model, layers, 0, 0.5 + 0.1 * layers * heads, 0.5,
-                       heads=heads, sets=["task.length=32"])
+                _write(tmp_path, "flipflop", model, layers, 0, 0.5, 0.1 * layers * heads + (
+                    0.05 if model == "path" else 0), heads=heads, sets=["task.length=32"])
     panels = plan_panels(load_frame(tmp_path))
     assert [(p["kind"], p["title"]) for p in panels] == [
         ("heatmap", "flipflop (length 32, 500 steps): rope"),  # the registry's order
         ("heatmap", "flipflop (length 32, 500 steps): path")]
-    _, tables = draw(load_frame(tmp_path), tmp_path / "heads")
+    figure, tables = render(load_frame(tmp_path))
     assert "over layers x heads" in tables
+    rope, path = shown(figure).values()
+    assert rope["heatmap"] == [[0.1, 0.2], [0.2, 0.4]]  # heads 1, 2 (rows) x layers 1, 2
+    assert path["heatmap"] == [[0.15, 0.25], [0.25, 0.45]]
 
 
 def test_mqrar_panels_draw_baselines_that_vary_with_n(tmp_path):
@@ -86,10 +135,14 @@ def test_mqrar_panels_draw_baselines_that_vary_with_n(tmp_path):
             _write(tmp_path, "mqrar", "path", 2, seed, 0.9, 0.8,
                    sets=[f"task.n_back={n_back}", "task.length=64", "task.num_keys=4"],
                    baselines={"chance": 1 / 8, "latest_assignment": 1.0 if n_back == 1 else 0.13})
-    _, tables = draw(load_frame(tmp_path), tmp_path / "mqrar")
+    figure, tables = render(load_frame(tmp_path))
     assert "| baseline: latest assignment | 1.000 | 0.130 |" in tables
     assert "| baseline: chance | 0.125 | 0.125 |" in tables
     assert "Learning rate picked on val" in tables
+    [panel] = shown(figure).values()
+    assert panel["path"] == [(1, 0.8), (2, 0.8)]
+    assert panel["latest assignment"] == [(1, 1.0), (2, 0.13)]  # drawn over n_back
+    assert {y for _, y in panel["chance"]} == {0.125}
 
 
 def test_results_gives_minimum_depth_per_length_and_baselines(word_problem_runs, capsys):
@@ -112,8 +165,9 @@ def test_no_empty_panel_for_a_task_without_the_metric(tmp_path):
     store.write_json_atomic(record, data)
     _write(tmp_path, "mqrar", "path", 2, 0, 0.9, 0.8, sets=["task.length=64", "task.num_keys=4"])
     frame = load_frame(tmp_path)
-    _, tables = draw(frame[frame["task"] == "mqrar"], tmp_path / "mqrar")
+    figure, tables = render(frame[frame["task"] == "mqrar"])
     assert "accuracy per split" in tables and "nan" not in tables
+    assert shown(figure) == {"mqrar (length 64, 500 steps)": {"path": [0.8]}}  # one bar
 
 
 def _write_metrics(out, task, model, layers, seed, val, metrics, sets=()):
@@ -139,10 +193,13 @@ def test_longer_tests_get_metric_against_evaluation_length(tmp_path):
                     sets=[f"task.length={length}", f"task.eval_lengths={2 * length}"])
     panels = plan_panels(load_frame(tmp_path))
     assert [panel["kind"] for panel in panels] == ["depth_vs_length", "lines", "generalisation"]
-    _, tables = draw(load_frame(tmp_path), tmp_path / "a5")
+    figure, tables = render(load_frame(tmp_path))
     assert "accuracy against evaluation length" in tables
     assert "| path | 4 | 4 | 1 | 0.94 ± 0.01 | 0.475 ± 0.01 |  |" in tables
     assert "| path | 4 | 8 | 2 |  | 0.94 ± 0.01 | 0.485 ± 0.01 |" in tables
+    longer = shown(figure)["a5 (500 steps), longer tests"]
+    # a line per training length, at the fewest layers that solved it (1 at 4, 2 at 8)
+    assert longer == {"path": [(4, 0.94), (8, 0.475)], "path #2": [(8, 0.94), (16, 0.485)]}
 
 
 def test_flipflop_longer_tests_show_the_error(tmp_path):
@@ -153,9 +210,13 @@ def test_flipflop_longer_tests_show_the_error(tmp_path):
             sets=["task.length=32", "task.eval_lengths=64,256"])
     panels = plan_panels(load_frame(tmp_path))
     assert [panel["kind"] for panel in panels] == ["bars", "generalisation"]
-    _, tables = draw(load_frame(tmp_path), tmp_path / "flipflop")
+    figure, tables = render(load_frame(tmp_path))
     assert "error (%) against evaluation length" in tables
     assert "| rope | 2 | 32 | 1 | 30 | 40 | 45 |" in tables
+    bars, longer = shown(figure).values()
+    assert bars == {"rope": [30, 40, 45], "path": [0, 0, 1]}  # test, test_64, test_256
+    assert longer == {"rope": [(32, 30), (64, 40), (256, 45)],
+                      "path": [(32, 0), (64, 0), (256, 1)]}
 
 
 def test_a_records_table_gives_the_same_tables_and_figures(word_problem_runs, tmp_path, capsys):
@@ -177,13 +238,16 @@ def test_a_records_table_gives_the_same_tables_and_figures(word_problem_runs, tm
     assert (tmp_path / "figure1" / "a5.md").read_text() == (
         tmp_path / "figure0" / "a5.md").read_text()
     assert "| path | 1 | 2 |" in outputs[1]
+    drawn = [shown(render(load_frame(source))[0]) for source in (word_problem_runs, table)]
+    assert drawn[0] == drawn[1] and drawn[0]["a5 (500 steps)"]["path"] == [(8, 1.03), (16, 2.03)]
 
 
 COMMITTED = Path(__file__).parent / "data"
 
 
-def test_a_committed_records_table_regenerates_its_figure(tmp_path, capsys):
-    """tests/data/a5_runs.csv gives the committed tables of its figure, tests/data/a5_runs.md.
+def test_drift_a_committed_records_table_still_gives_its_figure(tmp_path, capsys):
+    """A snapshot, against drift: tests/data/a5_runs.csv gives the committed tables of its
+    figure, tests/data/a5_runs.md, and the figure draws the minimum depths that table holds.
 
     The table holds H200 records of the paper sweep (`pathbench results DIR --task a5 --format
     records`): PaTH's and RoPE's runs at lengths 4 and 8, without the columns that are empty
@@ -192,14 +256,20 @@ def test_a_committed_records_table_regenerates_its_figure(tmp_path, capsys):
     from pathbench.runners.cli import main
 
     main(["plot", str(COMMITTED / "a5_runs.csv"), "-o", str(tmp_path / "a5_runs")])
-    assert (tmp_path / "a5_runs.md").read_text() == (COMMITTED / "a5_runs.md").read_text()
-    assert (tmp_path / "a5_runs.png").stat().st_size > 0
+    tables = (COMMITTED / "a5_runs.md").read_text()
+    assert (tmp_path / "a5_runs.md").read_text() == tables
+    depth = next(iter(shown(render(load_frame(COMMITTED / "a5_runs.csv"))[0]).values()))
+    for model, points in depth.items():  # the drawn depths are the table's, in order
+        row = next(line for line in tables.splitlines() if line.startswith(f"| {model} |"))
+        cells = [cell.strip() for cell in row.strip("|").split("|")[1:]]
+        assert [str(round(y)) if y is not None else None for _, y in points] == [
+            cell if cell.isdigit() else None for cell in cells]
 
 
-def test_results_paper_is_what_its_records_give(tmp_path):
-    """results/paper/regenerate.sh, run into an empty folder, writes the committed runs.csv
-    (from runs.tar.xz) and every committed table (from runs.csv) byte for byte, and its
-    figures."""
+def test_drift_results_paper_is_still_what_its_records_give(tmp_path):
+    """A snapshot, against drift: results/paper/regenerate.sh, run into an empty folder, writes
+    the committed runs.csv (from runs.tar.xz) and every committed table (from runs.csv) byte
+    for byte, and its figures."""
     import os
     import subprocess
     import sys

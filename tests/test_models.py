@@ -107,6 +107,30 @@ def test_generate_sampling_is_reproducible_with_a_generator():
         model.generate(prefix[:, :0], 3)
 
 
+def test_generate_samples_each_token_from_the_softmax_of_its_logits():
+    """20,000 continuations of one prefix, two tokens each: the first token's frequencies
+    follow the softmax of the model's logits (total variation under 0.03, where about 0.01 is
+    expected by chance; always taking the argmax would be over 0.4 away), and so do the second
+    token's given the most frequent first."""
+    model = make_model("rope", dtype=torch.float32)
+    with torch.no_grad():
+        model.head.weight.mul_(6)  # a next-token distribution far from uniform
+    prefix = random_tokens(B=1, T=5).expand(20_000, 5)
+    drawn = model.generate(prefix, 2, greedy=False, generator=torch.Generator().manual_seed(3))
+
+    def distance(tokens, context):
+        with torch.no_grad():
+            expected = torch.softmax(model(context[None])[0, -1].double(), dim=-1)
+        observed = torch.bincount(tokens, minlength=VOCAB).double() / len(tokens)
+        assert expected.max() < 0.6  # the test can tell sampling from taking the argmax
+        return 0.5 * (observed - expected).abs().sum().item()
+
+    assert distance(drawn[:, 5], prefix[0]) < 0.03
+    first = drawn[:, 5].mode().values
+    given_first = drawn[drawn[:, 5] == first]
+    assert distance(given_first[:, 6], given_first[0, :6]) < 0.06
+
+
 @pytest.mark.parametrize("attention", VARIANTS)
 def test_attention_maps(attention):
     model = make_model(attention, layers=2, heads=4)

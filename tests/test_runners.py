@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import PurePosixPath
 
 import pytest
-from conftest import cli
+from conftest import cli, sweep_counts
 
 from pathbench import UserError
 from pathbench.runners import store
@@ -400,16 +400,52 @@ def test_scrambled_test_labels_change_no_decision(tmp_path, capsys):
     assert before[1] and before[2]["skip"] == 6  # something was decided: path at 3 layers
 
 
-def test_solved_needs_two_thirds_of_the_seeds(tmp_path):
-    grid = Grid(task="a5", models=["path"], layers=[2], seeds=[0, 1, 2], sets=["task.length=8"])
-    for config, accuracy in zip(grid.configs("cpu"), [0.95, 0.97, 0.2]):
-        store.write_json_atomic(tmp_path / run_id(config) / "result.json",
-                                _fake_record(config, accuracy))
+def _write_cell(out, val, test=None, scored=None):
+    """One a5 cell (path, 2 layers, length 8): a seed per value of ``val``."""
+    grid = Grid(task="a5", models=["path"], layers=[2], seeds=list(range(len(val))),
+                sets=["task.length=8"])
+    for index, config in enumerate(grid.configs("cpu")):
+        record = _fake_record(config, val[index], None if test is None else test[index])
+        if scored is not None:
+            record["metrics"]["test"]["scored"] = scored[index]
+        store.write_json_atomic(out / run_id(config) / "result.json", record)
+
+
+@pytest.mark.parametrize("accuracies, solved", [
+    ([0.95, 0.97, 0.2], True),  # two of three seeds
+    ([0.95, 0.2, 0.2], False),  # one of three
+    ([0.9, 0.9, 0.2], True),  # exactly at the threshold counts
+    ([0.9, 0.8999, 0.2], False),  # just below it does not
+    ([0.9], True), ([0.8999], False),  # one of one; none of one
+    ([0.95, 0.95, 0.2, 0.2], False),  # two of four is below two thirds
+    ([0.95, 0.95, 0.95, 0.2], True),  # three of four
+])
+def test_solved_needs_two_thirds_of_the_seeds_at_or_above_the_threshold(tmp_path, accuracies,
+                                                                       solved):
+    _write_cell(tmp_path, accuracies)
+    frame = load_frame(tmp_path)
+    table = aggregate(frame)
+    assert table["solved"].tolist() == [solved] and table["val_solved"].tolist() == [solved]
+    assert solved_cells(frame) == ({table["depth_free_cell"].iloc[0]} if solved else set())
+    assert min_layers_table(table)["min_layers"].tolist() == ["2" if solved else ">2"]
+
+
+def test_val_decides_solved_for_the_sweep_and_test_for_the_tables(tmp_path):
+    _write_cell(tmp_path, val=[0.95, 0.95, 0.2], test=[0.95, 0.2, 0.2])
     table = aggregate(load_frame(tmp_path))
-    assert table["solved"].tolist() == [True] and table["val_solved"].tolist() == [True]
-    assert table["test"].iloc[0] == pytest.approx((0.95 + 0.97 + 0.2) / 3)  # mean below 0.9
-    assert table["test_std"].iloc[0] == pytest.approx(
-        __import__("statistics").stdev([0.95, 0.97, 0.2]))  # sample sd, n - 1
+    assert table["val_solved"].tolist() == [True] and table["solved"].tolist() == [False]
+    assert table["test"].iloc[0] == pytest.approx((0.95 + 0.2 + 0.2) / 3)
+    assert table["test_std"].iloc[0] == pytest.approx(0.4330127, rel=1e-6)  # sd, n - 1
+
+
+def _wilson_bounds(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson interval from its definition: the rates p at which the observed rate lies
+    exactly z standard errors away, the roots of (k/n - p)^2 = z^2 p (1 - p) / n."""
+    import numpy as np
+
+    rate = successes / n
+    low, high = sorted(np.roots([1 + z * z / n, -(2 * rate + z * z / n), rate * rate]).real)
+    return float(low), float(high)
 
 
 def test_wilson_interval():
@@ -420,22 +456,18 @@ def test_wilson_interval():
     low, high = wilson_interval(0.5, 100)
     assert (round(low, 4), round(high, 4)) == (0.4038, 0.5962)
     assert wilson_interval(1.0, 7)[1] == 1.0
+    for successes, n in ((3, 10), (97, 100), (1, 1000)):
+        assert wilson_interval(successes / n, n) == pytest.approx(_wilson_bounds(successes, n))
 
 
-def test_a_cells_interval_is_that_of_the_rate_pooled_over_its_seeds(tmp_path):
-    """Three seeds scored on 100, 100 and 200 positions: the cell's interval is the Wilson
-    interval of all 400 positions' rate, next to the plain mean and sd over the seeds."""
-    from pathbench.runners.report import wilson_interval
-
-    grid = Grid(task="a5", models=["path"], layers=[2], seeds=[0, 1, 2], sets=["task.length=8"])
-    for config, accuracy, scored in zip(grid.configs("cpu"), [0.5, 1.0, 0.75], [100, 100, 200]):
-        record = _fake_record(config, accuracy)
-        record["metrics"]["test"]["scored"] = scored
-        store.write_json_atomic(tmp_path / run_id(config) / "result.json", record)
+def test_a_cells_interval_is_that_of_the_rate_pooled_over_its_scored_positions(tmp_path):
+    """Three seeds right on 90 of 100, 50 of 100 and 40 of 200 positions: 180 of 400 pooled
+    (0.45), where the plain mean over seeds is 0.533."""
+    _write_cell(tmp_path, val=[0.9, 0.5, 0.2], scored=[100, 100, 200])
     row = aggregate(load_frame(tmp_path)).iloc[0]
-    assert row["test"] == pytest.approx(0.75)
-    assert (row["test_low"], row["test_high"]) == pytest.approx(wilson_interval(0.75, 400))
-    assert row["test_high"] - row["test_low"] < 0.1 < 2 * row["test_std"]  # not the seeds' spread
+    assert row["test"] == pytest.approx(1.6 / 3)  # the mean over seeds, beside the interval
+    assert (row["test_low"], row["test_high"]) == pytest.approx(_wilson_bounds(180, 400))
+    assert (row["test_low"], row["test_high"]) == pytest.approx((0.4020, 0.4990), abs=1e-4)
 
 
 def test_a_model_goes_deeper_without_waiting_for_others_and_grids_take_turns(tmp_path):
@@ -643,6 +675,78 @@ def test_pool_replaces_a_worker_that_lost_its_gpu_and_loses_no_pack(monkeypatch,
     finally:
         pool.close()
     assert reported == [(f"p{i}", "failed") for i in range(4)]  # none "lost" (None)
+
+
+def _forked_workers(monkeypatch, execute_runs):
+    """LocalPool's workers forked from this process, so that they inherit ``execute_runs``."""
+    import multiprocessing
+
+    from pathbench.runners import executors
+
+    monkeypatch.setattr(executors, "execute_runs", execute_runs)
+    fork = multiprocessing.get_context("fork")
+    monkeypatch.setattr(executors.multiprocessing, "get_context", lambda method: fork)
+
+
+def _runs_forever(configs, out, progress):
+    import time
+
+    time.sleep(3600)
+
+
+def test_a_sweeps_summary_lists_outcomes_in_one_order_whatever_order_they_came_in():
+    from pathbench.runners.sweep import summary_line
+
+    came = ["lost", "skipped (solved at fewer layers)", "ok", "already done", "ok", "diverged"]
+    expected = "2 ok, 1 diverged, 1 lost, 1 skipped (solved at fewer layers), 1 already done"
+    assert summary_line(Counter(came)) == summary_line(Counter(reversed(came))) == expected
+
+
+def test_a_worker_killed_mid_pack_reports_each_of_its_runs_lost(monkeypatch, tmp_path, capsys):
+    import signal
+
+    from pathbench.runners import executors
+
+    _forked_workers(monkeypatch, _runs_forever)
+    monkeypatch.setattr(executors, "run_id", lambda config: config["name"])
+    pool = executors.LocalPool(2)
+    handed = [[{"name": "a"}, {"name": "b"}]]
+
+    def next_pack():
+        if handed:
+            return handed.pop()
+        if pool.workers[0].runs:  # the first worker holds the pack: kill it mid-pack, once
+            os.kill(pool.workers[0].process.pid, signal.SIGKILL)
+        return None
+
+    reported = []
+    try:
+        pool.run(next_pack, tmp_path, lambda name, summary: reported.append((name, summary)))
+    finally:
+        pool.close()
+    assert reported == [("a", None), ("b", None)]
+    assert "a, b: lost: its worker died" in capsys.readouterr().err
+
+
+def test_a_sweep_that_lost_runs_says_so_and_exits_1(monkeypatch, tmp_path, capsys):
+    """A worker dies on the pack of seed 1; the other pack is recorded."""
+    import signal
+
+    from pathbench.runners import executors
+
+    def dies_on_seed_1(configs, out, progress):
+        if any(config["seed"] == 1 for config in configs):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return [{"run_id": run_id(config), "status": "ok", "reason": None}
+                for config in configs]
+
+    _forked_workers(monkeypatch, dies_on_seed_1)
+    code, stdout, stderr = cli(capsys, "sweep", "flipflop", "--models", "rope", "--seeds", "0,1",
+                               "--d-model", "16", "--workers", "2", "--device", "cpu",
+                               "--out", tmp_path)
+    assert code == 1
+    assert sweep_counts(stdout) == {"ok": 1, "lost": 1}
+    assert "lost: its worker died" in stderr and "run the same command again" in stderr
 
 
 def test_sweep_in_one_process_stops_when_a_failed_pack_took_the_gpu(monkeypatch, tmp_path):

@@ -8,6 +8,8 @@ and state of their own, and stopped afterwards. Without root or the packages tho
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import ctypes
 import json
 import os
@@ -21,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import cli
+from conftest import cli, sweep_counts
 
 from pathbench import UserError
 from pathbench.runners import executors
@@ -212,7 +214,7 @@ def test_a_lost_job_fails_the_sweep_with_one_line_for_it(tmp_path, monkeypatch, 
     [line] = job_lines(stderr)  # one for the job, none for each of its runs
     assert line.startswith("job 0_0: TIMEOUT (TimeLimit); lost flipflop-rope-")
     assert ": lost" not in stderr
-    assert "2 lost" in stdout and "run the same command again" in stderr
+    assert sweep_counts(stdout) == {"lost": 2} and "run the same command again" in stderr
 
 
 def test_dry_run_shows_the_slurm_jobs(tmp_path, capsys):
@@ -346,24 +348,58 @@ def quick_watch(monkeypatch):
     monkeypatch.setattr(executors, "RESULT_GRACE_S", 2)
 
 
+# Far longer than any of these sweeps takes; only a stuck Slurm reaches it.
+SWEEP_DEADLINE_S = 300
+
+
+@contextlib.contextmanager
+def within(seconds: float = SWEEP_DEADLINE_S):
+    """Bound a sweep through Slurm: past ``seconds`` its jobs are cancelled (the sweep then
+    ends, reporting them lost), and 60 s later the test is interrupted; either way it fails
+    saying so, instead of hanging the suite."""
+    fired = []
+
+    def cancel():
+        fired.append("cancelled")
+        subprocess.run(["scancel", "--full", "--user=root"], check=False, capture_output=True)
+        if not finished.wait(60):
+            fired.append("interrupted")
+            _thread.interrupt_main()
+
+    finished = threading.Event()
+    timer = threading.Timer(seconds, cancel)
+    timer.start()
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not fired:
+            raise
+    finally:
+        finished.set()
+        timer.cancel()
+    if fired:
+        pytest.fail(f"the sweep through Slurm was not over within {seconds} s: its jobs were "
+                    f"{' and then the test '.join(fired)}")
+
+
 def results_of(out: Path) -> dict[str, dict]:
     return {path.parent.name: json.loads(path.read_text()) for path in out.glob("*/result.json")}
 
 
-def cancel_the_first_job_to_run(cancelled: list) -> threading.Thread:
-    """In the background: scancel the first pathbench job that runs; appends (job id, when)."""
+def cancel_the_first_job_to_run(cancelled: list, stop: threading.Event) -> threading.Thread:
+    """In the background until ``stop``: scancel the first pathbench job that runs; appends its
+    job id."""
 
     def watch():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        while not stop.is_set():
             running = subprocess.run(
                 ["squeue", "--noheader", "--array", "--states=RUNNING", "--name=pathbench",
                  "--format=%i"], check=False, capture_output=True, text=True).stdout.split()
             if running:
                 subprocess.run(["scancel", running[0]], check=True)
-                cancelled.append((running[0], time.monotonic()))
+                cancelled.append(running[0])
                 return
-            time.sleep(0.2)
+            stop.wait(0.2)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -375,10 +411,11 @@ def test_a_sweep_on_slurm_records_what_the_local_executor_records(slurm, tmp_pat
     args = ["sweep", "flipflop", "--models", "path,rope", "--seeds", "0,1", *TINY]
     code, _, stderr = cli(capsys, *args, "--out", tmp_path / "local")
     assert code == 0, stderr
-    code, stdout, stderr = cli(capsys, *args, "--executor", "slurm", "--workers", "2",
-                               "--slurm", "timeout_min=5", "--out", tmp_path / "slurm")
+    with within():
+        code, stdout, stderr = cli(capsys, *args, "--executor", "slurm", "--workers", "2",
+                                   "--slurm", "timeout_min=5", "--out", tmp_path / "slurm")
     assert code == 0, stderr
-    assert "4 ok" in stdout
+    assert sweep_counts(stdout) == {"ok": 4}
     assert "sacct" not in stderr and "Bypassing" not in stderr  # submitit kept quiet
     local, on_slurm = results_of(tmp_path / "local"), results_of(tmp_path / "slurm")
     assert len(local) == 4 and sorted(local) == sorted(on_slurm)
@@ -391,23 +428,26 @@ def test_a_cancelled_job_is_lost_and_the_same_command_trains_only_its_runs(slurm
     out = tmp_path / "runs"
     args = ["sweep", "flipflop", "--models", "path,rope", *TINY, "--executor", "slurm",
             "--workers", "2", "--out", out]
-    cancelled = []
-    canceller = cancel_the_first_job_to_run(cancelled)
-    code, stdout, stderr = cli(capsys, *args)
-    ended = time.monotonic()
+    cancelled, sweep_over = [], threading.Event()
+    canceller = cancel_the_first_job_to_run(cancelled, sweep_over)
+    with within():
+        code, stdout, stderr = cli(capsys, *args)
+    sweep_over.set()
     canceller.join()
-    [(job_id, when)] = cancelled
-    assert code == 1 and "1 lost, 1 ok" in stdout, stderr
+    assert cancelled, f"no job was seen running before the sweep ended\n{stderr}"
+    [job_id] = cancelled
+    assert code == 1 and sweep_counts(stdout) == {"ok": 1, "lost": 1}, stderr
     [line] = job_lines(stderr)
     assert line.startswith(f"job {job_id}: CANCELLED; lost flipflop-")
-    assert ended - when < 30
     assert "sacct" not in stderr and "Bypassing" not in stderr
     [kept] = results_of(out)
     kept_record = (out / kept / "result.json").read_bytes()
 
-    code, stdout, stderr = cli(capsys, *args)
+    with within():
+        code, stdout, stderr = cli(capsys, *args)
     assert code == 0, stderr
-    assert "2 runs, 1 already done" in stderr and "1 ok" in stdout
+    assert "2 runs, 1 already done" in stderr
+    assert sweep_counts(stdout) == {"ok": 1, "already done": 1}
     assert (out / kept / "result.json").read_bytes() == kept_record  # not trained again
     assert len(results_of(out)) == 2
 
@@ -416,19 +456,22 @@ def test_a_job_past_its_time_limit_is_lost_with_slurms_reason(slurm, tmp_path, c
                                                              quick_watch):
     # Slurm's limits are whole minutes, checked every 30 s: the job ends 60 to 90 s in
     out = tmp_path / "runs"
-    code, stdout, stderr = cli(capsys, "sweep", "flipflop", "--models", "rope", *TINY,
-                               "--steps", "1000000", "--set", "train.eval_every=1000000",
-                               "--executor", "slurm", "--slurm", "timeout_min=1", "--out", out)
-    assert code == 1 and "1 lost" in stdout, stderr
+    with within():
+        code, stdout, stderr = cli(capsys, "sweep", "flipflop", "--models", "rope", *TINY,
+                                   "--steps", "1000000", "--set", "train.eval_every=1000000",
+                                   "--executor", "slurm", "--slurm", "timeout_min=1",
+                                   "--out", out)
+    assert code == 1 and sweep_counts(stdout) == {"lost": 1}, stderr
     [line] = job_lines(stderr)
     assert "TIMEOUT (TimeLimit); lost flipflop-rope-" in line
     assert not results_of(out)
 
 
 def test_a_partition_slurm_refuses_is_a_one_line_error(slurm, tmp_path, capsys):
-    code, _, stderr = cli(capsys, "sweep", "flipflop", "--models", "rope", *TINY,
-                          "--executor", "slurm", "--slurm", "slurm_partition=nowhere",
-                          "--out", tmp_path)
+    with within():
+        code, _, stderr = cli(capsys, "sweep", "flipflop", "--models", "rope", *TINY,
+                              "--executor", "slurm", "--slurm", "slurm_partition=nowhere",
+                              "--out", tmp_path)
     assert code == 2 and "Traceback" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == ("pathbench: error: sbatch refused the job: Batch "
                                                "job submission failed: Invalid partition name "

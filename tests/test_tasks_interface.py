@@ -198,7 +198,7 @@ def test_tasks_have_no_baselines_unless_they_define_them():
          [0, 2, 0, 3, 0, 3, 5, 0, 5, 0, 5, 0, 0, 3, 1, 2]),
     ],
 )
-def test_known_arrays_do_not_change_silently(name, overrides, inputs):
+def test_drift_known_arrays_of_a_fixed_seed_do_not_change_silently(name, overrides, inputs):
     # A failure means the data for a fixed seed changed (a code change or a numpy release
     # that changed its random streams): bump the task's version, then update these numbers.
     dataset = make_task(name, overrides).generate(1, seed=0, split="train")
