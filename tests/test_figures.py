@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from matplotlib.container import BarContainer
 
-from pathbench.runners import store
-from pathbench.runners.config import resolve_run, run_id
-from pathbench.runners.figures import draw, plan_panels, render
-from pathbench.runners.report import load_frame
+from pathbench.runners.training import store
+from pathbench.runners.training.config import resolve_run, run_id
+from pathbench.runners.analysis.figures import draw, plan_panels, render
+from pathbench.runners.analysis.records import load_frame
 
 
 def shown(figure) -> dict[str, dict]:

@@ -12,8 +12,8 @@ import pytest
 from conftest import cli, sweep_counts
 
 from pathbench import UserError
-from pathbench.runners import store
-from pathbench.runners.config import (
+from pathbench.runners.training import store
+from pathbench.runners.training.config import (
     parse_float_list,
     parse_int_list,
     parse_sets,
@@ -21,10 +21,12 @@ from pathbench.runners.config import (
     run_id,
     train_config,
 )
-from pathbench.runners.report import aggregate, load_frame, min_layers_table, solved_cells
-from pathbench.runners.grid import Grid, find_sweep_file, load_sweep_file
-from pathbench.runners.schedule import Schedule, in_run_order
-from pathbench.runners.sweep import run_grids
+from pathbench.runners.analysis.cells import aggregate, solved_cells
+from pathbench.runners.analysis.records import load_frame
+from pathbench.runners.analysis.tables import min_layers_table
+from pathbench.runners.sweep.grid import Grid, find_sweep_file, load_sweep_file
+from pathbench.runners.sweep.schedule import Schedule, in_run_order
+from pathbench.runners.sweep.orchestrate import run_grids
 
 
 # --- options and configuration ---------------------------------------------------------------
@@ -315,7 +317,7 @@ def test_runs_start_longest_first_then_seed_by_seed():
 
 
 def test_packs_hold_runs_that_differ_only_in_seed_and_learning_rate():
-    from pathbench.runners.schedule import in_packs
+    from pathbench.runners.sweep.schedule import in_packs
 
     grid = Grid(task="flipflop", models=["rope", "path"], lrs=[1e-3, 3e-3], seeds=[0, 1, 2],
                 d_model=16)
@@ -449,7 +451,7 @@ def _wilson_bounds(successes: int, n: int, z: float = 1.96) -> tuple[float, floa
 
 
 def test_wilson_interval():
-    from pathbench.runners.report import wilson_interval
+    from pathbench.runners.analysis.cells import wilson_interval
 
     low, high = wilson_interval(0.0, 1_000_000)
     assert low == 0.0 and high == pytest.approx(3.84e-6, rel=1e-2)  # 1.96^2 / n
@@ -534,7 +536,7 @@ def test_training_batches_are_fresh_and_a_function_of_the_run_seed():
     import numpy as np
     import torch
 
-    from pathbench.runners.train import training_batches
+    from pathbench.runners.training.loop import training_batches
     from pathbench.tasks import make_task
 
     task = make_task("flipflop", {"length": 64})
@@ -552,7 +554,7 @@ def test_training_batches_are_fresh_and_a_function_of_the_run_seed():
 
 
 def test_learning_rate_warms_up_then_decays_to_zero():
-    from pathbench.runners.train import lr_factor
+    from pathbench.runners.training.loop import lr_factor
 
     factors = [lr_factor(step, total=1000, warmup=100) for step in range(1000)]
     assert factors[0] == 0.01 and factors[99] == 1.0
@@ -572,8 +574,8 @@ def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attenti
 
     from pathbench.models import build_model, model_config
     from pathbench.models.pack import pack_models
-    from pathbench.runners.optimizer import PackedAdamW
-    from pathbench.runners.train import TrainStep
+    from pathbench.runners.training.optimizer import PackedAdamW
+    from pathbench.runners.training.loop import TrainStep
     from pathbench.tasks import make_task
 
     task = make_task("a5", {"length": 20})
@@ -632,7 +634,7 @@ class _Connection:
 def _failing_runs(configs, out, progress):
     """execute_runs for a GPU that fails every run (the executors module's run_id, which tests
     may replace)."""
-    from pathbench.runners import executors
+    from pathbench.runners.sweep import executors
 
     return [{"run_id": executors.run_id(config), "status": "failed", "reason": "AcceleratorError: CUDA error"}
             for config in configs]
@@ -640,7 +642,7 @@ def _failing_runs(configs, out, progress):
 
 @pytest.mark.parametrize("cuda_lost", [False, True])
 def test_worker_leaves_when_a_failed_pack_took_the_gpu_with_it(monkeypatch, tmp_path, cuda_lost):
-    from pathbench.runners import executors
+    from pathbench.runners.sweep import executors
 
     monkeypatch.setattr(executors, "execute_runs", _failing_runs)
     monkeypatch.setattr(executors, "_cuda_lost", lambda: cuda_lost)
@@ -658,7 +660,7 @@ def test_worker_leaves_when_a_failed_pack_took_the_gpu_with_it(monkeypatch, tmp_
 def test_pool_replaces_a_worker_that_lost_its_gpu_and_loses_no_pack(monkeypatch, tmp_path):
     import multiprocessing
 
-    from pathbench.runners import executors
+    from pathbench.runners.sweep import executors
 
     # Forked workers inherit these stand-ins: every pack fails and takes the GPU with it.
     monkeypatch.setattr(executors, "execute_runs", _failing_runs)
@@ -681,7 +683,7 @@ def _forked_workers(monkeypatch, execute_runs):
     """LocalPool's workers forked from this process, so that they inherit ``execute_runs``."""
     import multiprocessing
 
-    from pathbench.runners import executors
+    from pathbench.runners.sweep import executors
 
     monkeypatch.setattr(executors, "execute_runs", execute_runs)
     fork = multiprocessing.get_context("fork")
@@ -695,7 +697,7 @@ def _runs_forever(configs, out, progress):
 
 
 def test_a_sweeps_summary_lists_outcomes_in_one_order_whatever_order_they_came_in():
-    from pathbench.runners.sweep import summary_line
+    from pathbench.runners.sweep.orchestrate import summary_line
 
     came = ["lost", "skipped (solved at fewer layers)", "ok", "already done", "ok", "diverged"]
     expected = "2 ok, 1 diverged, 1 lost, 1 skipped (solved at fewer layers), 1 already done"
@@ -705,7 +707,7 @@ def test_a_sweeps_summary_lists_outcomes_in_one_order_whatever_order_they_came_i
 def test_a_worker_killed_mid_pack_reports_each_of_its_runs_lost(monkeypatch, tmp_path, capsys):
     import signal
 
-    from pathbench.runners import executors
+    from pathbench.runners.sweep import executors
 
     _forked_workers(monkeypatch, _runs_forever)
     monkeypatch.setattr(executors, "run_id", lambda config: config["name"])
@@ -732,7 +734,7 @@ def test_a_sweep_that_lost_runs_says_so_and_exits_1(monkeypatch, tmp_path, capsy
     """A worker dies on the pack of seed 1; the other pack is recorded."""
     import signal
 
-    from pathbench.runners import executors
+    from pathbench.runners.sweep import executors
 
     def dies_on_seed_1(configs, out, progress):
         if any(config["seed"] == 1 for config in configs):
@@ -750,7 +752,7 @@ def test_a_sweep_that_lost_runs_says_so_and_exits_1(monkeypatch, tmp_path, capsy
 
 
 def test_sweep_in_one_process_stops_when_a_failed_pack_took_the_gpu(monkeypatch, tmp_path):
-    from pathbench.runners import executors, sweep
+    from pathbench.runners.sweep import executors, orchestrate as sweep
 
     monkeypatch.setattr(executors, "execute_runs", _failing_runs)
     monkeypatch.setattr(executors, "_cuda_lost", lambda: True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pathbench.runners import store
+from pathbench.runners.training import store
 from conftest import cli, sweep_counts
 
 # A few seconds per run on a CPU: short flip-flop sequences, a narrow model, a handful of steps.

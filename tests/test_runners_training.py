@@ -13,9 +13,9 @@ import torch
 
 from pathbench.models import build_model, model_config
 from pathbench.models.pack import member_state_dict, pack_models
-from pathbench.runners.config import train_config
-from pathbench.runners.optimizer import PackedAdamW
-from pathbench.runners.train import Member, train
+from pathbench.runners.training.config import train_config
+from pathbench.runners.training.optimizer import PackedAdamW
+from pathbench.runners.training.loop import Member, train
 from pathbench.tasks import make_task
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -115,7 +115,7 @@ def test_a_diverging_member_leaves_the_others_untouched():
 
 
 def test_an_early_stopped_member_is_frozen_while_the_others_train_on(monkeypatch):
-    import pathbench.runners.train as training
+    import pathbench.runners.training.loop as training
 
     real_evaluate = training.evaluate
 
@@ -144,8 +144,8 @@ def test_an_early_stopped_member_is_frozen_while_the_others_train_on(monkeypatch
 
 def test_runs_of_an_unpackable_model_train_one_after_another(tmp_path, monkeypatch):
     import pathbench.models.pack as pack
-    from pathbench.runners.config import resolve_run
-    from pathbench.runners.run import execute_runs
+    from pathbench.runners.training.config import resolve_run
+    from pathbench.runners.training.execute import execute_runs
 
     def refuse(models):
         raise pack.NotPackable("a plugin module")
@@ -170,7 +170,7 @@ def test_inductor_advice_that_does_not_apply_is_not_printed():
     without online softmax. Other warnings still show."""
     code = textwrap.dedent(r"""
         import warnings
-        import pathbench.runners.train
+        import pathbench.runners.training.loop
         for message in (
             "TensorFloat32 tensor cores for float32 matrix multiplication available but not "
             "enabled. Consider setting `torch.set_float32_matmul_precision('high')` for better "
@@ -193,7 +193,7 @@ def test_evaluation_in_chunks_scores_every_sequence_once(monkeypatch):
     tallies add up to the metrics of all its sequences scored at once; its baselines too."""
     import numpy as np
 
-    import pathbench.runners.train as training
+    import pathbench.runners.training.loop as training
 
     monkeypatch.setattr(training, "EVAL_CHUNK", 7)
     task = make_task("mqrar", {"length": 32, "num_keys": 4, "num_values": 8, "n_back": 2})

@@ -26,11 +26,11 @@ import pytest
 from conftest import cli, sweep_counts
 
 from pathbench import UserError
-from pathbench.runners import executors
-from pathbench.runners.config import run_id
-from pathbench.runners.executors import QueueWatch, run_slurm, squeue
-from pathbench.runners.grid import Grid
-from pathbench.runners.sweep import run_grids
+from pathbench.runners.sweep import executors
+from pathbench.runners.training.config import run_id
+from pathbench.runners.sweep.executors import QueueWatch, run_slurm, squeue
+from pathbench.runners.sweep.grid import Grid
+from pathbench.runners.sweep.orchestrate import run_grids
 
 # A few seconds per run on a CPU, as in test_runners_cli.py.
 TINY = ["--d-model", "16", "--steps", "4", "--batch-size", "8", "--set", "task.length=16",

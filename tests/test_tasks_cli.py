@@ -21,7 +21,7 @@ def test_ls_lists_every_built_in_with_version_description_and_defaults(pathbench
 
 def test_npz_round_trip(pathbench_cli, tmp_path):
     result = pathbench_cli("data", "mqrar", "--split", "test", "--num", "40", "--seed", "3",
-                           "--set", "length=90", "--set", "n_back=3", "--out", "d.npz")
+                           "--set", "task.length=90", "--set", "task.n_back=3", "--out", "d.npz")
     assert result.returncode == 0, result.stderr
     expected = make_task("mqrar", {"length": 90, "n_back": 3}).generate(40, seed=3, split="test")
     with np.load(tmp_path / "d.npz") as saved:
@@ -35,7 +35,7 @@ def test_npz_round_trip(pathbench_cli, tmp_path):
 
 
 def test_parquet_round_trip(pathbench_cli, tmp_path):
-    result = pathbench_cli("data", "a5", "--num", "25", "--set", "length=7", "--out", "d.parquet")
+    result = pathbench_cli("data", "a5", "--num", "25", "--set", "task.length=7", "--out", "d.parquet")
     assert result.returncode == 0, result.stderr
     expected = make_task("a5", {"length": 7}).generate(25, seed=0, split="train")
     frame = pd.read_parquet(tmp_path / "d.parquet")
@@ -47,7 +47,7 @@ def test_parquet_round_trip(pathbench_cli, tmp_path):
 
 
 def test_show_prints_tokens_and_marks_scored_positions(pathbench_cli):
-    result = pathbench_cli("data", "flipflop", "--set", "length=12", "--show", "3")
+    result = pathbench_cli("data", "flipflop", "--set", "task.length=12", "--show", "3")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "scored positions are shown as input=>target" in lines[0]
@@ -60,8 +60,8 @@ def test_show_prints_tokens_and_marks_scored_positions(pathbench_cli):
 
 
 def test_show_mqrar_marks_each_query_key_with_its_answer(pathbench_cli):
-    result = pathbench_cli("data", "mqrar", "--split", "val", "--set", "length=40",
-                           "--set", "num_keys=3", "--set", "num_values=4", "--show", "2")
+    result = pathbench_cli("data", "mqrar", "--split", "val", "--set", "task.length=40",
+                           "--set", "task.num_keys=3", "--set", "task.num_values=4", "--show", "2")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("mqrar (version 2) split=val seed=0, first 2 of 1000 sequences")
@@ -84,9 +84,15 @@ def test_show_mqrar_marks_each_query_key_with_its_answer(pathbench_cli):
     "args, words",
     [
         (["data", "nope", "--show", "1"], ["unknown task 'nope'", "flipflop"]),
-        (["data", "flipflop", "--set", "colour=red", "--show", "1"], ["'colour'", "length"]),
-        (["data", "flipflop", "--set", "length=-2", "--show", "1"], ["'length'", ">= 4"]),
-        (["data", "flipflop", "--set", "length", "--show", "1"], ["malformed --set", "KEY=VALUE"]),
+        (["data", "flipflop", "--set", "task.colour=red", "--show", "1"], ["'colour'", "length"]),
+        (["data", "flipflop", "--set", "task.length=-2", "--show", "1"], ["'length'", ">= 4"]),
+        (["data", "flipflop", "--set", "task.length", "--show", "1"],
+         ["--set expects", "task.KEY=VALUE"]),
+        (["data", "flipflop", "--set", "length=8", "--show", "1"], ["--set expects", "task.KEY"]),
+        (["data", "flipflop", "--set", "model.layers=2", "--show", "1"],
+         ["task settings only", "model.layers"]),
+        (["data", "flipflop", "--set", "task.length=8", "--set", "task.length=16", "--show", "1"],
+         ["task.length", "twice"]),
         (["data", "flipflop", "--split", "validation", "--show", "1"],
          ["'validation'", "train, val, test, sparse"]),
         (["data", "flipflop", "--out", "missing/d.npz"], ["cannot write", "missing/d.npz"]),

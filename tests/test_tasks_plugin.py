@@ -19,7 +19,7 @@ def test_ls_shows_plugin_tasks_with_their_package(plugin_cli):
 
 
 def test_plugin_task_generates_correct_data(plugin_cli, tmp_path):
-    result = plugin_cli("data", "parity", "--num", "50", "--set", "length=24", "--out", "p.npz")
+    result = plugin_cli("data", "parity", "--num", "50", "--set", "task.length=24", "--out", "p.npz")
     assert result.returncode == 0, result.stderr
     with np.load(tmp_path / "p.npz") as saved:
         vocab = saved["vocab"].tolist()
@@ -36,7 +36,7 @@ def test_plugin_task_has_a_val_split_on_its_own_stream(plugin_cli, tmp_path):
     arrays = {}
     for split in ["train", "val", "test"]:
         result = plugin_cli("data", "parity", "--split", split, "--num", "20",
-                            "--set", "length=16", "--out", f"{split}.npz")
+                            "--set", "task.length=16", "--out", f"{split}.npz")
         assert result.returncode == 0, result.stderr
         with np.load(tmp_path / f"{split}.npz") as saved:
             arrays[split] = saved["inputs"]
@@ -56,7 +56,7 @@ def test_broken_plugin_fails_only_when_used_and_is_named(plugin_cli):
 
 
 def test_built_in_wins_a_name_collision(plugin_cli):
-    result = plugin_cli("data", "flipflop", "--set", "length=8", "--show", "1")
+    result = plugin_cli("data", "flipflop", "--set", "task.length=8", "--show", "1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[2].split()[0] == "w"  # flip-flop tokens, not bits
 

@@ -616,7 +616,7 @@ def test_bench_kernel_tables_and_csv(tmp_path, monkeypatch):
     put ours against the others, and its CSV is replaced whole or not at all."""
     import csv
 
-    from pathbench.kernels import bench_kernel
+    from pathbench.runners.bench import kernel as bench_kernel
 
     rows = [dict(impl=impl, mode=mode, D=128, T=768, H=2, B=32, ms=ms, graph_ms=graph, peak_mb=mb)
             for impl, ms, graph, mb in (("ours", 2.0, 1.2, 300.0), ("fla", 1.6, 1.6, 320.0), ("sdpa", 0.5, 0.3, 40.0))
@@ -681,7 +681,7 @@ def test_operators_pass_opcheck():
 def test_model_checks_loss_keeps_a_float64_models_precision():
     """gpu_check's loss: bf16 logits go to float32, float64 ones stay float64 (near a loss of
     0 a float32 loss is mostly rounding, so a float64 reference needs its own precision)."""
-    from pathbench.runners.gpu_check import _loss
+    from pathbench.runners.bench.gpu_check import _loss
 
     class Logits(torch.nn.Module):
         def __init__(self, dtype):

@@ -33,7 +33,7 @@ timeout 330 python3 -m pytest tests/test_triton.py tests/test_runners.py \
   tests/test_kernels_torch.py::test_eager_rope_can_be_captured_in_a_cuda_graph -q -n 6 \
   -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1 &
 tests=$!
-timeout 330 python3 -m pathbench.runners.gpu_check >"$OUT/check.log" 2>&1 &
+timeout 330 python3 -m pathbench.runners.bench.gpu_check >"$OUT/check.log" 2>&1 &
 check=$!
 ( timeout 120 python3 -m pathbench.runners.cli bench kernel --compile-only --impl ours
   timeout 60 python3 -m pathbench.runners.cli bench kernel --compile-only --impl fla ) \

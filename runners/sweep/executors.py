@@ -1,17 +1,19 @@
-"""Executors: where a sweep's packs of runs train.
+"""Executors: where a sweep's packs of runs train. Each is an `Executor` registered by name in
+``EXECUTORS`` (entry-point group ``pathbench.executors`` for other packages), and the sweep
+drives every one the same way.
 
-- `run_here`: one pack after another in this process.
-- `LocalPool`: ``workers`` spawned processes, each training one pack at a time, so that several
+- ``local``: with one worker, one pack after another in this process (`run_here`); with more,
+  ``workers`` spawned processes, each training one pack at a time (`LocalPool`), so that several
   small runs share one GPU or the CPU cores (torch threads are divided among the workers). A
   worker that dies (killed, out of memory) costs only the runs it was training: it is replaced,
   the sweep goes on, and those runs are redone on the next invocation.
-- `run_slurm`: one Slurm array job per pack through submitit (``pip install 'pathbench[slurm]'``),
+- ``slurm``: one Slurm array job per pack through submitit (``pip install 'pathbench[slurm]'``),
   at most ``workers`` at a time; ``--slurm KEY=VALUE`` passes executor parameters such as
   ``slurm_partition=gpu`` or ``timeout_min=60``. A job that leaves the queue without a result
   (cancelled, timed out, its node lost) is noticed through squeue, with or without Slurm's
   accounting, and its runs are reported lost.
 
-Each takes ``next_pack()`` (a pack to train, or None while none may start) and calls
+An executor takes ``next_pack()`` (a pack to train, or None while none may start) and calls
 ``report(run_id, summary or None)`` for each run as its pack ends (None: no record was made,
 and the executor has said why, in one line for the pack).
 """
@@ -31,10 +33,37 @@ from pathlib import Path
 from tqdm import tqdm
 
 from pathbench import UserError
-from pathbench.runners.config import run_id
-from pathbench.runners.run import execute_runs
+from pathbench.registry import Registry
+from pathbench.runners.training.config import resolve_device, run_id
+from pathbench.runners.training.execute import execute_runs
 
-EXECUTORS = ("local", "slurm")
+# The outcome counted when a sweep training in its own process stops because a failed run left
+# that process unable to use the GPU (workers in separate processes are replaced instead).
+GPU_LOST = "stopped (GPU lost)"
+
+
+class Executor:
+    """Where a sweep's packs train: ``workers`` packs at a time, with the executor's own
+    ``params`` (``--slurm KEY=VALUE``)."""
+
+    def __init__(self, workers: int, params: dict):
+        self.workers, self.params = workers, params
+
+    def device(self, device: str) -> str:
+        """The device runs are resolved for, from ``--device`` (auto, cpu or cuda)."""
+        raise NotImplementedError
+
+    def plan(self, packs: list[list[str]]) -> list[str]:
+        """Lines for ``--dry-run`` about how these packs (their run ids) would be run."""
+        return []
+
+    def run(self, next_pack, out: Path, report, runs: int) -> str | None:
+        """Train the packs ``next_pack()`` hands out (``runs`` runs at most) until none is
+        left, reporting every run; None, or the outcome that stopped the sweep early."""
+        raise NotImplementedError
+
+
+EXECUTORS = Registry("executor", "pathbench.executors", Executor)
 
 
 def run_here(next_pack, out: Path, report) -> bool:
@@ -299,3 +328,39 @@ def parse_slurm_params(items) -> dict:
                 continue
         params[key.strip()] = value
     return params
+
+
+@EXECUTORS.register("local")
+class LocalExecutor(Executor):
+    """This process for one worker; `LocalPool` for more."""
+
+    def device(self, device: str) -> str:
+        return resolve_device(device)
+
+    def run(self, next_pack, out: Path, report, runs: int) -> str | None:
+        if self.workers == 1 or not runs:
+            return None if run_here(next_pack, out, report) else GPU_LOST
+        pool = LocalPool(min(self.workers, runs))
+        try:
+            pool.run(next_pack, out, report)
+        finally:
+            pool.close()
+        return None
+
+
+@EXECUTORS.register("slurm")
+class SlurmExecutor(Executor):
+    """A Slurm array job per pack (`run_slurm`)."""
+
+    def device(self, device: str) -> str:
+        # the compute node decides what "auto" finds; presets must be fixed before, so cuda
+        return "cuda" if device == "auto" else device
+
+    def plan(self, packs: list[list[str]]) -> list[str]:
+        return [f"{len(packs)} Slurm jobs, at most {self.workers} at a time:",
+                *(f"job {number}: {', '.join(names)} (pack of {len(names)})"
+                  for number, names in enumerate(packs, 1))]
+
+    def run(self, next_pack, out: Path, report, runs: int) -> str | None:
+        run_slurm(next_pack, out, self.workers, self.params, report)
+        return None

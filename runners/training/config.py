@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from pathbench import UserError
-from pathbench.runners.store import canonical_json, config_digest
+from pathbench.runners.training.store import canonical_json, config_digest
 from pathbench.settings import coerce
 from pathbench.tasks import PRESETS
 

@@ -1,6 +1,6 @@
 """The paper-style figure of `pathbench plot`: one panel per experiment found in the records.
 
-The panel kind follows from what varies among a task's runs:
+The panels follow from what varies among a task's runs, the first of ``LAYOUTS`` that applies:
 
 - the layer count and the sequence length (word problems) -> the minimum depth that solves the
   task against length, a line per model, beside accuracy against layers at the longest length;
@@ -14,7 +14,7 @@ The panel kind follows from what varies among a task's runs:
   model and training length, at the fewest layers that solved the training length (or, if
   none did or the task has no threshold, the deepest run).
 
-Every value is at the learning rate that val picked (`pathbench.runners.report`); lines show the
+Every value is at the learning rate that val picked (`pathbench.runners.analysis.tables`); lines show the
 mean over seeds and every seed as a point, bars the mean and the min..max over seeds. A cell
 that did not run (a depth --until-solved skipped) gets no point and no line through it. The
 solved threshold and the task's baselines (chance, and e.g. mqrar's latest assignment) are
@@ -24,46 +24,80 @@ also becomes a markdown table; all tables are printed and written to FILE.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-import click
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pathbench.files import check_writable, write_atomic, write_text_atomic
-from pathbench.runners import store
-from pathbench.runners.report import (
-    load_filtered,
-    aggregate,
-    builtin_models,
-    filter_options,
+from pathbench.files import write_atomic, write_text_atomic
+from pathbench.runners.analysis.cells import aggregate, varying_config_columns
+from pathbench.runners.analysis.tables import (
     min_depth_by_length,
     min_layers_table,
     model_order,
     tidy,
     to_markdown,
-    varying_config_columns,
 )
 
-# The built-in models' colours, in the registry's order (nope, rope, sba, fox, path,
-# path_fox), so that a model looks the same in every figure; other models take FALLBACK_COLOURS.
-BUILTIN_COLOURS = ["#7f7f7f", "#1f77b4", "#2ca02c", "#ff7f0e", "#d62728", "#9467bd"]
-FALLBACK_COLOURS = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78"]
+# A model looks the same in every figure: the built-ins by name, other models in the order they
+# appear, first from OTHER_COLOURS, then hues that no model has taken.
+MODEL_COLOURS = {"nope": "#7f7f7f", "rope": "#1f77b4", "sba": "#2ca02c", "fox": "#ff7f0e",
+                 "path": "#d62728", "path_fox": "#9467bd"}
+OTHER_COLOURS = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78"]
 BASELINE_STYLES = ["--", "-.", (0, (1, 2)), (0, (5, 2, 1, 2))]
 
 
 def colour(model: str, models: list[str]) -> str:
-    builtins = builtin_models()
-    if model in builtins:
-        return BUILTIN_COLOURS[builtins.index(model) % len(BUILTIN_COLOURS)]
-    others = [m for m in models if m not in builtins]
-    return FALLBACK_COLOURS[others.index(model) % len(FALLBACK_COLOURS)]
+    """``model``'s colour in a figure of ``models``; no two models of a figure share one."""
+    if model in MODEL_COLOURS:
+        return MODEL_COLOURS[model]
+    index = [m for m in models if m not in MODEL_COLOURS].index(model)
+    if index < len(OTHER_COLOURS):
+        return OTHER_COLOURS[index]
+    from matplotlib.colors import hsv_to_rgb, to_hex
+
+    # hues a golden-ratio step apart never repeat; pale and dark enough to tell from the above
+    hue = (0.5 + 0.618034 * (index - len(OTHER_COLOURS))) % 1.0
+    return to_hex(hsv_to_rgb((hue, 0.55, 0.55)))
 
 
 def _single(runs: pd.DataFrame, column: str):
     values = runs[column].dropna().unique() if column in runs else []
     return tidy(values[0]) if len(values) == 1 else None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A task's panels: what must vary among its runs for this layout to apply, and the panels
+    (a kind of `PANELS` and its x column) it draws."""
+
+    applies: Callable[[pd.DataFrame, list[str]], bool]  # (runs, varying task settings)
+    panels: Callable[[list[str]], list[tuple[str, str | None]]]  # task settings -> (kind, x)
+    axes: Callable[[list[str]], list[str]] = lambda task_keys: []  # columns that are axes
+
+
+def _varies(runs: pd.DataFrame, column: str) -> bool:
+    return runs[column].nunique() > 1
+
+
+# The first layout that applies to a task's runs is drawn, in this order.
+LAYOUTS = {
+    "depth against length": Layout(
+        lambda runs, keys: _varies(runs, "layers") and "task.length" in keys,
+        lambda keys: [("depth_vs_length", "task.length"), ("lines", "layers")],
+        lambda keys: ["task.length"]),
+    "layers x heads": Layout(
+        lambda runs, keys: _varies(runs, "layers") and _varies(runs, "heads"),
+        lambda keys: [("heatmap", "layers")]),
+    "against layers": Layout(lambda runs, keys: _varies(runs, "layers"),
+                             lambda keys: [("lines", "layers")]),
+    "against a task setting": Layout(lambda runs, keys: bool(keys),
+                                     lambda keys: [("lines", keys[0])], lambda keys: keys[:1]),
+    "per split": Layout(lambda runs, keys: True, lambda keys: [("bars", None)]),
+}
 
 
 def plan_panels(frame: pd.DataFrame) -> list[dict]:
@@ -76,17 +110,8 @@ def plan_panels(frame: pd.DataFrame) -> list[dict]:
         if runs["d_model"].nunique() > 1:
             varying.append("d_model")
         task_keys = [c for c in varying if c.startswith("task.")]
-        depths, heads = runs["layers"].nunique() > 1, runs["heads"].nunique() > 1
-        if depths and "task.length" in task_keys:
-            kinds, axes = [("depth_vs_length", "task.length"), ("lines", "layers")], ["task.length"]
-        elif depths and heads:
-            kinds, axes = [("heatmap", "layers")], []
-        elif depths:
-            kinds, axes = [("lines", "layers")], []
-        elif task_keys:
-            kinds, axes = [("lines", task_keys[0])], [task_keys[0]]
-        else:
-            kinds, axes = [("bars", None)], []
+        layout = next(layout for layout in LAYOUTS.values() if layout.applies(runs, task_keys))
+        kinds, axes = layout.panels(task_keys), layout.axes(task_keys)
         split_by = [c for c in varying if c not in axes]
         groups = runs.groupby(split_by, sort=True, dropna=False) if split_by else [((), runs)]
         for values, group in groups:
@@ -373,8 +398,9 @@ def _bar_text(value: float) -> str:
     return "0" if value == 0 else "<0.01" if abs(value) < 0.01 else f"{value:.2g}"
 
 
-DRAW = {"lines": draw_lines, "bars": draw_bars, "depth_vs_length": draw_depth_vs_length,
-        "heatmap": draw_heatmap, "generalisation": draw_generalisation}
+# Panel kinds by name: what draws each (into an axes) and returns its markdown table.
+PANELS = {"lines": draw_lines, "bars": draw_bars, "depth_vs_length": draw_depth_vs_length,
+          "heatmap": draw_heatmap, "generalisation": draw_generalisation}
 
 
 def render(frame: pd.DataFrame) -> tuple[Figure, str]:
@@ -387,7 +413,7 @@ def render(frame: pd.DataFrame) -> tuple[Figure, str]:
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
     texts = []
     for ax, panel in zip(axes, panels):
-        texts.append(DRAW[panel["kind"]](ax, panel))
+        texts.append(PANELS[panel["kind"]](ax, panel))
         ax.set_title(panel["title"], fontsize=10)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
@@ -417,21 +443,3 @@ def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
     write_text_atomic(markdown, tables + "\n")
     written.append(markdown)
     return written, tables
-
-
-@click.command()
-@click.argument("directory", required=False, type=click.Path(path_type=Path),
-                default=store.DEFAULT_OUT)
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
-              help="Figure path; FILE.png, FILE.pdf and FILE.md (the tables) are written.")
-@filter_options
-def plot(directory, output, task, model, layers, heads, status):
-    """Draw paper-style figures of the runs under DIRECTORY (default results/runs)."""
-    check_writable(output.parent, "the figure's folder")
-    frame = load_filtered(directory, dict(task=task, model=model, layers=layers, heads=heads,
-                                           status=status))
-    written, tables = draw(frame, output)
-    if tables:
-        click.echo(tables)
-    for path in written:
-        click.echo(f"wrote {path}")

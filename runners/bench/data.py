@@ -11,27 +11,19 @@ from __future__ import annotations
 import os
 import time
 
-import click
 
 from pathbench.tasks import TASKS, make_task
 
 
-@click.command()
-@click.option("--num", type=click.IntRange(min=1), default=100_000, show_default=True,
-              help="Sequences per dataset.")
-@click.option("--task", "task_names", multiple=True, metavar="TASK",
-              help="Task to time (repeat for several); default: every built-in task.")
-@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Timed runs per task; the fastest is reported.")
-def bench_data(num, task_names, repeat):
+def bench_data(num, task_names, repeat, echo=print):
     """Print a table of dataset generation times (train split, default configs)."""
     names = task_names or [n for n, entry in TASKS.entries().items() if entry.origin == "built-in"]
     tasks = [make_task(name) for name in names]  # unknown names fail before any timing
     cores = _pin_to_one_core()
-    click.echo(f"{num:,} sequences per task, best of {repeat}, {cores}")
+    echo(f"{num:,} sequences per task, best of {repeat}, {cores}")
     header = f"{'task':<10} {'length':>7} {'seconds':>8} {'sequences/s':>12} {'Mtokens/s':>10}"
-    click.echo(header)
-    click.echo("-" * len(header))
+    echo(header)
+    echo("-" * len(header))
     for task in tasks:
         times = []
         for run in range(repeat):
@@ -41,7 +33,7 @@ def bench_data(num, task_names, repeat):
             length = dataset.inputs.shape[1]
             del dataset  # free the arrays before the next run allocates its own
         best = min(times)
-        click.echo(
+        echo(
             f"{task.name:<10} {length:>7} {best:>8.2f} {num / best:>12,.0f} "
             f"{num * length / best / 1e6:>10.1f}"
         )

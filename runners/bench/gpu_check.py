@@ -1,4 +1,4 @@
-"""GPU checks that models run on the Triton kernel: `python -m pathbench.runners.gpu_check`.
+"""GPU checks that models run on the Triton kernel: `python -m pathbench.runners.bench.gpu_check`.
 
 1. For fox, path and path_fox models (2 layers) on CUDA: one training step's loss and every
    parameter gradient with the default backend (the Triton kernel) against the torch
@@ -70,7 +70,7 @@ def check_against_torch(B=8, T=300, vocab=16):
 def _optimizer(model, lr, steps):
     """AdamW and its schedule as `pathbench run` trains: betas 0.9 and 0.98, warm-up then cosine
     decay."""
-    from pathbench.runners.train import lr_factor
+    from pathbench.runners.training.loop import lr_factor
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.98))
     schedule = functools.partial(lr_factor, total=steps, warmup=WARM_UP_STEPS)

@@ -1,6 +1,6 @@
 """Compile the Triton PaTH kernels' GPU configurations ahead of time, in parallel processes.
 
-`python -m pathbench.kernels.triton_prewarm --dims 32 64 128` runs, in one child process per
+`python -m pathbench.runners.bench.triton_prewarm --dims 32 64 128` runs, in one child process per
 head size (and gate), a small forward and backward under the first GPU configuration, with
 chunks; the compiled kernels land in Triton's on-disk cache, so that the first call of a later
 process finds them compiled. Saves minutes of serial compilation on a fresh machine; changes no

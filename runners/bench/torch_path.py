@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 
-import click
 import torch
 import torch.nn.functional as F
 
@@ -18,16 +17,6 @@ from pathbench.kernels.blockwise import path_attention_blockwise
 from pathbench.kernels.reference import path_attention_reference
 
 IMPLEMENTATIONS = {"reference": path_attention_reference, "blockwise": path_attention_blockwise}
-
-
-def _int_list(ctx, param, value):
-    try:
-        numbers = [int(part) for part in value.split(",")]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
-    if any(number < 1 for number in numbers):
-        raise click.BadParameter(f"expected positive integers, got {value!r}")
-    return numbers
 
 
 def time_fwd_bwd(inputs, repeats: int) -> dict[str, float]:
@@ -57,28 +46,17 @@ def random_inputs(batch, length, heads, dim, seed=0):
     return q, k, v, w, beta, log_fgate
 
 
-@click.command("torch")
-@click.option("--lengths", default="256,512,768", show_default=True, callback=_int_list,
-              help="Sequence lengths T, comma-separated.")
-@click.option("--dims", default="32,64", show_default=True, callback=_int_list,
-              help="Head dimensions D, comma-separated.")
-@click.option("--batch", default=8, show_default=True, type=click.IntRange(min=1))
-@click.option("--heads", default=2, show_default=True, type=click.IntRange(min=1))
-@click.option("--threads", type=click.IntRange(min=1),
-              help="torch CPU threads (default: torch's own choice).")
-@click.option("--repeats", default=5, show_default=True, type=click.IntRange(min=1),
-              help="Timed calls per measurement (the fastest is shown).")
-def bench_torch(lengths, dims, batch, heads, threads, repeats):
+def bench_torch(lengths, dims, batch, heads, threads, repeats, echo=print):
     """Time fwd+bwd of the reference and the blockwise torch PaTH attention on the CPU."""
     if threads is not None:
         torch.set_num_threads(threads)
-    click.echo(f"PaTH attention fwd+bwd on the CPU, float32, B={batch} H={heads}, "
+    echo(f"PaTH attention fwd+bwd on the CPU, float32, B={batch} H={heads}, "
                f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
                f"fastest of {repeats}")
-    click.echo(f"{'D':>4} {'T':>6} {'reference ms':>13} {'blockwise ms':>13} {'speed-up':>9}")
+    echo(f"{'D':>4} {'T':>6} {'reference ms':>13} {'blockwise ms':>13} {'speed-up':>9}")
     for dim in dims:
         for length in lengths:
             inputs = random_inputs(batch, length, heads, dim)
             ms = time_fwd_bwd(inputs, repeats)
-            click.echo(f"{dim:>4} {length:>6} {ms['reference']:>13.1f} {ms['blockwise']:>13.1f} "
+            echo(f"{dim:>4} {length:>6} {ms['reference']:>13.1f} {ms['blockwise']:>13.1f} "
                        f"{ms['reference'] / ms['blockwise']:>8.1f}x")

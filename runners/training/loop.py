@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from pathbench.models.pack import is_packed, member_state_dict
-from pathbench.runners.config import DECISION_SPLIT, TrainConfig
-from pathbench.runners.optimizer import PackedAdamW
+from pathbench.runners.training.config import DECISION_SPLIT, TrainConfig
+from pathbench.runners.training.optimizer import PackedAdamW
 from pathbench.tasks import IGNORE_INDEX
 
 EVALUATION_SEED = 0  # chunk c of every evaluation split is generated with seed EVALUATION_SEED + c

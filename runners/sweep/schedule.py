@@ -15,9 +15,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pathbench.runners import store
-from pathbench.runners.config import cell_key, run_id
-from pathbench.runners.grid import Grid
+from pathbench.runners.training import store
+from pathbench.runners.training.config import cell_key, run_id
+from pathbench.runners.sweep.grid import Grid
 
 
 class Schedule:
@@ -105,7 +105,8 @@ class Schedule:
         return is_done(self.out / run_id(config), set_aside=not self.dry_run)
 
     def _solved(self, step: list[dict]) -> bool:
-        from pathbench.runners.report import load_frame, solved_cells
+        from pathbench.runners.analysis.cells import solved_cells  # pandas: only when asked
+        from pathbench.runners.analysis.records import load_frame
 
         recorded = {run_id(config) for config in step if self._done(config)}
         if not recorded:  # a dry run before any record, or every worker died

@@ -3,7 +3,7 @@
 The grid is the product of models x layers x heads x learning rates x seeds (x any ``--grid``
 key). Every grid point is resolved up front, so a typo fails before anything runs.
 
-A sweep file (TOML; the shipped ones are in runners/sweeps/) holds ``[[sweep]]`` tables, one
+A sweep file (TOML; the shipped ones are in runners/sweep/files/) holds ``[[sweep]]`` tables, one
 grid each, whose keys are the `Grid` fields (``set`` for ``--set`` items), and may set ``out``,
 ``workers``, ``device`` and ``executor`` for the whole file and ``include`` other files.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from pathbench import UserError
-from pathbench.runners.config import (
+from pathbench.runners.training.config import (
     PRESETS,
     SECTIONS,
     parse_float_list,
@@ -25,7 +25,7 @@ from pathbench.runners.config import (
     run_id,
 )
 
-SWEEPS_DIR = Path(__file__).parent / "sweeps"
+SWEEPS_DIR = Path(__file__).parent / "files"
 
 
 @dataclass
@@ -96,7 +96,7 @@ TABLE_KEYS = {f.name for f in fields(Grid)} - {"sets"} | {"set"}
 
 
 def find_sweep_file(name: str) -> Path:
-    """A path, or the name of a file shipped in runners/sweeps/ (``paper``, ``flipflop.toml``)."""
+    """A path, or the name of a file shipped in runners/sweep/files/ (``paper``, ``flipflop.toml``)."""
     for candidate in (Path(name), SWEEPS_DIR / name, SWEEPS_DIR / f"{name}.toml"):
         if candidate.is_file():
             return candidate

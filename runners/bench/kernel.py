@@ -17,7 +17,6 @@ import io
 import math
 from pathlib import Path
 
-import click
 
 from pathbench import UserError
 from pathbench.files import write_atomic, write_text_atomic
@@ -128,7 +127,7 @@ def _measure_in_child(impl, D, T, H, B, warmup, rep):
     import subprocess
     import sys
 
-    code = ("import json, sys; from pathbench.kernels.bench_kernel import _measure; "
+    code = ("import json, sys; from pathbench.runners.bench.kernel import _measure; "
             f"rows, _ = _measure({impl!r}, {D}, {T}, {H}, {B}, {warmup}, {rep}); "
             "print('ROWS=' + json.dumps(rows))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
@@ -255,18 +254,7 @@ def _profile(D, T, H, B, echo):
     echo(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
 
 
-@click.command("kernel")
-@click.option("--path", "out_dir", default="results/kernel", show_default=True,
-              help="folder for kernel_bench.csv and kernel_bench.png")
-@click.option("--impl", "impls", multiple=True, type=click.Choice(IMPLS),
-              help="implementations to time (default: all)")
-@click.option("--quick", is_flag=True, help="only T=4096 and the training shapes, fewer repetitions")
-@click.option("--compile-only", is_flag=True,
-              help="call each implementation once per shape (fills Triton's caches), time nothing")
-@click.option("--profile", is_flag=True, help="profile one forward+backward of ours at D=64, T=4096 and exit")
-@click.option("--seqlens", default=None, help="comma-separated sequence lengths of the 16K-token shapes "
-              "(default: 1024,2048,4096,8192,16384)")
-def bench_kernel(out_dir, impls, quick, compile_only, profile, seqlens):
+def bench_kernel(out_dir, impls, quick, compile_only, profile, seqlens, echo=print):
     """Time the Triton PaTH kernel against fla-core and torch SDPA (needs a CUDA GPU)."""
     import torch
 
@@ -274,7 +262,7 @@ def bench_kernel(out_dir, impls, quick, compile_only, profile, seqlens):
         raise UserError("bench kernel needs a CUDA GPU; none is available here")
     impls = tuple(impls) or IMPLS
     if profile:
-        _profile(64, 4096, 32, 4, click.echo)
+        _profile(64, 4096, 32, 4, echo)
         return
     if compile_only:
         # the shapes whose peers may crash the process go last
@@ -284,13 +272,13 @@ def bench_kernel(out_dir, impls, quick, compile_only, profile, seqlens):
                 _, fwd_bwd, _ = _fns(impl, args, D ** -0.5)
                 fwd_bwd()
                 torch.cuda.synchronize()
-                click.echo(f"compiled {impl} D={D} T={T}")
+                echo(f"compiled {impl} D={D} T={T}")
         return
     if "fla" in impls:
         try:
             import fla.ops.path_attn.parallel  # noqa: F401
         except ImportError:
-            click.echo("fla-core is not installed: timing without it (pip install fla-core)")
+            echo("fla-core is not installed: timing without it (pip install fla-core)")
             impls = tuple(i for i in impls if i != "fla")
     shapes = [s for s in LONG_SHAPES if s[1] == 4096] if quick else list(LONG_SHAPES)
     if seqlens:
@@ -304,24 +292,24 @@ def bench_kernel(out_dir, impls, quick, compile_only, profile, seqlens):
         shapes = [s for s in shapes if s[1] in want]
     first = [s for s in shapes if s[1] in PRIORITY_T]
     shapes = first + TRAIN_SHAPES + [s for s in shapes if s not in first]
-    click.echo(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    echo(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     csv_path = out / "kernel_bench.csv"
-    rows = run_bench(shapes, impls, warmup=10 if quick else 20, rep=30 if quick else 60, echo=click.echo,
+    rows = run_bench(shapes, impls, warmup=10 if quick else 20, rep=30 if quick else 60, echo=echo,
                      on_shape=lambda rows: _write_csv(rows, csv_path))
     _write_csv(rows, csv_path)
     _plot(rows, out / "kernel_bench.png")
-    click.echo("launched from Python (do_bench):")
-    click.echo(_table(rows))
-    click.echo("replayed from a CUDA graph (the GPU's time alone):")
-    click.echo(_table(rows, "graph_ms"))
+    echo("launched from Python (do_bench):")
+    echo(_table(rows))
+    echo("replayed from a CUDA graph (the GPU's time alone):")
+    echo(_table(rows, "graph_ms"))
     if "ours" in impls:
         from pathbench.kernels import triton_path
 
         for key, cfg in sorted(triton_path.chosen_configs().items(), key=str):
             own = triton_path.DEFAULT_SETTINGS.kernel_launch_table(cfg[0], key[1], key[2]) is not None
-            click.echo(f"ours: configuration {cfg} (BT, warps, stages) for {key}"
+            echo(f"ours: configuration {cfg} (BT, warps, stages) for {key}"
                        + ("; each kernel's own warps and stages" if own else ""))
-    click.echo(f"wrote {out / 'kernel_bench.csv'} and {out / 'kernel_bench.png'}")
+    echo(f"wrote {out / 'kernel_bench.csv'} and {out / 'kernel_bench.png'}")

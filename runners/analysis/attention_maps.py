@@ -1,42 +1,31 @@
-"""`pathbench inspect RUN_DIR`: the attention maps of every head of a trained model.
+"""The attention maps of every head of a trained model, on one example of an evaluation split.
 
-The model of the run is rebuilt from its record, its weights loaded, and one example of an
-evaluation split is drawn: a grid with a row per layer and a column per head, query position
-down, key position across. Attention is causal, so the first ``--tokens`` positions of the
-example are exactly the top-left corner of the full maps. On flip-flop, a model that solved the
-task shows each read (``r``) attending to the most recent write (``w``); scored positions are
-marked on the query axis.
+The model of a run is rebuilt from its record and its weights loaded; the figure has a row per
+layer and a column per head, query position down, key position across. Attention is causal, so
+the first ``tokens`` positions of the example are exactly the top-left corner of the full maps.
+On flip-flop, a model that solved the task shows each read (``r``) attending to the most recent
+write (``w``); scored positions are marked on the query axis.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import click
 import numpy as np
-from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 
 from pathbench import UserError
-from pathbench.files import check_writable
-from pathbench.runners import store
+from pathbench.runners.training import store
 
 
-@click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Picture path, in the format its suffix names (default RUN_DIR/attention.png).")
-@click.option("--split", default=None, help="Evaluation split of the example (default: first).")
-@click.option("--example", type=int, default=0, show_default=True,
-              help="Which example of the split.")
-@click.option("--tokens", type=int, default=64, show_default=True,
-              help="Positions shown (the first N of the example).")
-def inspect(run_dir, output, split, example, tokens):
-    """Draw the attention maps of every head of the model in RUN_DIR on one example."""
+def attention_figure(run_dir: Path, split: str | None, example: int, tokens: int) -> Figure:
+    """The maps of the model in ``run_dir`` on example ``example`` of ``split`` (default: the
+    first test split), its first ``tokens`` positions. Bad choices are a UserError naming the
+    valid ones."""
     import torch
 
     from pathbench.models import build_model, model_config
-    from pathbench.runners.train import EVAL_CHUNK, EvaluationSplit
+    from pathbench.runners.training.loop import EVAL_CHUNK, EvaluationSplit
     from pathbench.tasks import IGNORE_INDEX, make_task
 
     record = store.read_result(run_dir)
@@ -45,15 +34,6 @@ def inspect(run_dir, output, split, example, tokens):
         raise UserError(f"{run_dir} has no trained weights (status {record['status']!r})")
     if tokens < 2:
         raise UserError(f"--tokens must be >= 2, got {tokens}")
-    output = output or run_dir / "attention.png"
-    if not output.suffix:
-        output = output.with_suffix(".png")
-    check_writable(output.parent, "the picture's folder")
-    picture_format = output.suffix[1:].lower()
-    formats = FigureCanvasBase.get_supported_filetypes()
-    if picture_format not in formats:
-        raise UserError(f"cannot draw {str(output)!r}: unknown picture format {output.suffix!r}; "
-                        f"valid: {', '.join('.' + f for f in sorted(formats))}")
     config = record["config"]
     task = make_task(config["task"]["name"], config["task"]["config"])
     split = split or task.test_splits[0]
@@ -103,5 +83,4 @@ def inspect(run_dir, output, split, example, tokens):
     model_cfg = config["model"]
     figure.suptitle(f"{config['task']['name']}, {model_cfg['attention']}: {split} example "
                     f"{example}, first {shown} positions", fontsize=10)
-    store.write_atomic(output, lambda file: figure.savefig(file, format=picture_format, dpi=200))
-    click.echo(f"wrote {output}")
+    return figure

@@ -1,4 +1,4 @@
-"""`pathbench run`: train and evaluate one model on one task, and record it.
+"""Executing runs: train and evaluate resolved configurations, and record each.
 
 ``execute_runs`` is the single place where runs happen: the ``run`` command calls it for one
 run (``execute_run``), sweep workers for each pack of runs. It never raises for a failing run:
@@ -18,23 +18,9 @@ from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import click
-
 import pathbench
-from pathbench import UserError
-from pathbench.files import check_writable
-from pathbench.runners import store
-from pathbench.runners.config import (
-    DECISIONS,
-    DEVICES,
-    PRESETS,
-    cell_key,
-    parse_sets,
-    resolve_device,
-    resolve_run,
-    run_id,
-    train_config,
-)
+from pathbench.runners.training import store
+from pathbench.runners.training.config import DECISIONS, cell_key, run_id, train_config
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,7 +87,7 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
 
     from pathbench.models import build_model, model_config
     from pathbench.models.pack import NotPackable, pack_models
-    from pathbench.runners.train import Member, activation_dtype, train
+    from pathbench.runners.training.loop import Member, activation_dtype, train
     from pathbench.tasks import make_task
 
     if len({(cell_key(config), config["device"]) for config in configs}) != 1:
@@ -199,103 +185,3 @@ def _record_outcome(record: dict, outcome, task, run_dir: Path) -> None:
     if outcome.status == "ok":
         weights = {"model_config": record["config"]["model"], "state_dict": outcome.weights}
         store.write_atomic(run_dir / store.WEIGHTS_FILE, lambda f: torch.save(weights, f))
-
-
-def summary_table(record: dict) -> str:
-    """The scalar metrics of every test split, one row per split; error in percent."""
-    rows = [(split, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
-            for split, metrics in record["metrics"].items()]
-    if not rows:
-        return ""
-    columns = [key for key in rows[0][1]]
-    header = ["split", *(f"{key} (%)" if key == "error" else key for key in columns)]
-
-    def cell(value) -> str:
-        return str(value) if isinstance(value, int) else f"{value:.4g}"
-
-    body = [[split, *(cell(metrics.get(key, float("nan"))) for key in columns)]
-            for split, metrics in rows]
-    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-    return "\n".join("  ".join(cell.rjust(width) if i else cell.ljust(width)
-                               for i, (cell, width) in enumerate(zip(row, widths)))
-                     for row in [header, *body])
-
-
-def describe(record: dict) -> str:
-    """One line: status, steps, time, where the record is."""
-    wall = record["provenance"]["wall_time_s"]
-    status = record["status"]
-    how = " (early stop)" if record.get("stopped_early") else ""
-    line = f"{status} after {record['steps']} steps{how} in {wall:.1f} s: {record['run_dir']}"
-    if record.get("reason"):
-        line += f"\n  reason: {record['reason']}"
-    return line
-
-
-# Options shared by `run` and `sweep` (the sweep adds its grid options).
-def shared_options(command):
-    options = [
-        click.option("--d-model", type=int, default=None, help="Model width (task default)."),
-        click.option("--steps", type=int, default=None, help="Training steps (task default)."),
-        click.option("--batch-size", type=int, default=None,
-                     help="Sequences per step (task default)."),
-        click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
-                     help="Where to train; auto picks cuda when a GPU is visible."),
-        click.option("--preset", type=click.Choice(PRESETS), default=None,
-                     help="Setting size: paper, or the smaller cpu one. Default: paper on cuda, "
-                          "cpu on cpu."),
-        click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-                     default=store.DEFAULT_OUT, show_default=True,
-                     help="Directory that receives the run directories."),
-        click.option("--set", "sets", multiple=True, metavar="SECTION.KEY=VALUE",
-                     help="Override any task., model. or train. setting (repeatable)."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-@click.command()
-@click.argument("task")
-@click.option("--model", default=None, help="Attention variant (task default, e.g. path).")
-@click.option("--layers", type=int, default=None, help="Number of layers (task default).")
-@click.option("--heads", type=int, default=None, help="Attention heads per layer (task default).")
-@click.option("--lr", type=float, default=None, help="Peak learning rate (task default).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")
-@click.option("--force", is_flag=True,
-              help="Train again when OUT already holds this run finished (replacing it).")
-@shared_options
-def run(task, model, layers, heads, lr, seed, force, d_model, steps, batch_size, device, preset,
-        out, sets):
-    """Train and evaluate one model on TASK; print the metrics of every split.
-
-    Writes OUT/<run id>/ with config.json, curve.jsonl, model.pt and result.json. Exit status
-    1 if the run diverged or failed (the record says why).
-    """
-    device = resolve_device(device)
-    config = resolve_run(
-        task,
-        options={"model": model, "layers": layers, "heads": heads, "d_model": d_model,
-                 "steps": steps, "batch_size": batch_size, "lr": lr},
-        sets=parse_sets(sets), seed=seed, device=device, preset=preset,
-    )
-    run_dir = out / run_id(config)
-    if not force and store.is_done(run_dir):
-        raise UserError(f"{run_dir} already holds this run, finished; `pathbench results "
-                        f"{run_dir}` shows it, and --force trains it again, replacing it")
-    check_writable(out)
-    model_cfg, train_cfg = config["model"], config["train"]
-    click.echo(
-        f"{task}: {model_cfg['attention']}, layers {model_cfg['layers']}, heads "
-        f"{model_cfg['heads']}, d_model {model_cfg['d_model']}; steps {train_cfg['steps']}, "
-        f"batch {train_cfg['batch_size']}, lr {train_cfg['lr']:g}; {config['preset']} preset "
-        f"on {device}",
-        err=True,
-    )
-    record = execute_run(config, out)
-    click.echo(describe(record))
-    table = summary_table(record)
-    if table:
-        click.echo(table)
-    if record["status"] != "ok":
-        raise SystemExit(1)

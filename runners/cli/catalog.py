@@ -1,33 +1,17 @@
-"""`pathbench ls` (what is installed) and `pathbench data` (export or show a dataset).
-
-Dataset files are self-describing:
-
-- ``.npz``: arrays ``inputs`` and ``targets`` (int64 [num, length], -100 = not scored),
-  ``vocab`` (the token strings; ``inputs`` and ``targets`` index into it) and ``metadata`` (a
-  JSON string: task, version, config, split, seed, num). Load with ``np.load(path)``.
-- ``.parquet``: one row per sequence, list columns ``inputs`` and ``targets``; the vocabulary
-  and the metadata are stored in the table's pandas ``attrs`` (``attrs["vocab"]``,
-  ``attrs["metadata"]``), which ``pd.read_parquet(path)`` restores.
-
-Files are written to a temporary file in the destination folder and renamed into place, so a
-reader never sees a half-written dataset.
-"""
+"""`pathbench ls` (what is installed) and `pathbench data` (export or show a dataset; the file
+formats are described in `pathbench.tasks.export`)."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import textwrap
 from pathlib import Path
 
 import click
-import numpy as np
 
 from pathbench import UserError
-from pathbench.files import write_atomic
-from pathbench.tasks import IGNORE_INDEX, TASKS, Dataset, Task, default_config, make_task
-
-SUFFIXES = (".npz", ".parquet")
+from pathbench.runners.training.config import parse_sets
+from pathbench.tasks import TASKS, default_config, make_task
+from pathbench.tasks.export import SUFFIXES, format_examples, save_dataset
 
 
 @click.command()
@@ -96,8 +80,8 @@ def task_listing() -> list[str]:
               help="Number of sequences.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Random seed (each split has its own stream for every seed).")
-@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="Override a config value; repeat for several.")
+@click.option("--set", "settings", multiple=True, metavar="task.KEY=VALUE",
+              help="Override a task setting (repeatable).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the dataset to this .npz or .parquet file.")
 @click.option("--show", type=click.IntRange(min=1), metavar="K",
@@ -107,7 +91,16 @@ def data(task_name, split, num, seed, settings, out, show):
 
     --show prints the first sequences of the same dataset that --out would write.
     """
-    task = make_task(task_name, parse_settings(settings))
+    keys = [item.partition("=")[0].strip() for item in settings]
+    twice = next((key for key in keys if keys.count(key) > 1), None)
+    if twice is not None:
+        raise UserError(f"--set {twice} is given twice")
+    sets = parse_sets(settings)
+    if sets["model"] or sets["train"]:
+        section = "model" if sets["model"] else "train"
+        raise UserError(f"data takes task settings only (--set task.KEY=VALUE), got "
+                        f"--set {section}.{next(iter(sets[section]))}=...")
+    task = make_task(task_name, sets["task"])
     if out is None and show is None:
         raise UserError("nothing to do: give --out FILE, --show K, or both")
     if out is not None and out.suffix not in SUFFIXES:
@@ -122,62 +115,3 @@ def data(task_name, split, num, seed, settings, out, show):
         click.echo(f"wrote {num} sequences of {task.name}/{split} (seed {seed}) to {out}")
     if show is not None:
         click.echo(format_examples(task, dataset, split, seed, show))
-
-
-def parse_settings(settings: tuple[str, ...]) -> dict[str, str]:
-    """``("length=64", ...)`` -> {"length": "64"}; malformed or repeated keys are errors."""
-    overrides: dict[str, str] = {}
-    for setting in settings:
-        key, equals, value = setting.partition("=")
-        key = key.strip()
-        if not equals or not key:
-            raise UserError(f"malformed --set {setting!r}; expected KEY=VALUE, e.g. length=64")
-        if key in overrides:
-            raise UserError(f"--set {key} is given twice")
-        overrides[key] = value
-    return overrides
-
-
-def save_dataset(path: Path, dataset: Dataset, metadata: str) -> None:
-    """Write ``dataset`` in the format named by the suffix, atomically (a temporary sibling
-    renamed into place); a missing folder or an unwritable path is a UserError."""
-    write = write_npz if path.suffix == ".npz" else write_parquet
-    if not path.parent.is_dir():
-        raise UserError(f"cannot write {str(path)!r}: folder {str(path.parent)!r} does not exist")
-    write_atomic(path, lambda file: write(file, dataset, metadata))  # refusals: a UserError
-
-
-def write_npz(file, dataset: Dataset, metadata: str) -> None:
-    # A file object, so numpy does not append ".npz" to the name.
-    np.savez(file, inputs=dataset.inputs, targets=dataset.targets,
-             vocab=np.array(dataset.vocab, dtype=str), metadata=np.array(metadata))
-
-
-def write_parquet(file, dataset: Dataset, metadata: str) -> None:
-    import pandas as pd  # only this format needs pandas
-
-    frame = pd.DataFrame({"inputs": list(dataset.inputs), "targets": list(dataset.targets)})
-    frame.attrs = {"vocab": list(dataset.vocab), "metadata": metadata}
-    frame.to_parquet(file, engine="pyarrow", index=False)
-
-
-def format_examples(task: Task, dataset: Dataset, split: str, seed: int, count: int) -> str:
-    """The first ``count`` sequences as wrapped token strings, scored ones as input=>target."""
-    count = min(count, len(dataset))
-    width = min(shutil.get_terminal_size().columns, 120)
-    lines = [
-        f"{task.name} (version {task.version}) split={split} seed={seed}, "
-        f"first {count} of {len(dataset)} sequences of {dataset.inputs.shape[1]} tokens; "
-        "scored positions are shown as input=>target",
-    ]
-    for index in range(count):
-        tokens = [
-            task.vocab[token] if target == IGNORE_INDEX
-            else f"{task.vocab[token]}=>{task.vocab[target]}"
-            for token, target in zip(dataset.inputs[index], dataset.targets[index])
-        ]
-        lines.append(f"[{index}]")
-        lines += textwrap.wrap(" ".join(tokens), width=width, initial_indent="    ",
-                               subsequent_indent="    ", break_long_words=False,
-                               break_on_hyphens=False)
-    return "\n".join(lines)

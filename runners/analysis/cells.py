@@ -1,0 +1,120 @@
+"""Cells: the runs of one configuration up to their seed and learning rate, summarised.
+
+Validation decides, test reports: a cell is reported at the learning rate whose runs finished
+most often without diverging and, among those, had the highest mean of the primary metric on
+``val`` (each record's final validation metrics). Its value on every test split is then the
+mean over its seeds at that learning rate (runs that diverged or failed have no metrics), and
+its spread the sample standard deviation over those seeds (n - 1) or their min..max. A rate
+measured on N scored positions also has its 95% Wilson interval: per run, and in a cell's row
+that of the rate pooled over its seeds' scored positions, which says how finely the evaluation
+data resolve the rate (the spread over seeds is beside it). Whether a cell solved its task is
+`pathbench.runners.analysis.solved`'s rule.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from pathbench.runners.analysis.solved import solved
+from pathbench.runners.training.config import DECISION_SPLIT
+
+# Columns that name a configuration in tables; the rest of the config is in "task.*",
+# "model.*" and "train.*" columns, shown only when they vary.
+NAME_COLUMNS = ["task", "model", "layers", "heads", "d_model"]
+PERCENT_METRICS = {"error"}  # metrics a task reports in percent; the rest are fractions
+RATE_METRICS = {"accuracy", *PERCENT_METRICS}  # rates of scored positions: Wilson intervals
+
+
+def varying_config_columns(frame: pd.DataFrame) -> list[str]:
+    """The task./model./train. columns whose value differs between the runs shown."""
+    columns = [c for c in frame.columns if c.split(".")[0] in ("task", "model", "train")
+               and "." in c]
+    return [c for c in columns if frame[c].astype(str).nunique() > 1]
+
+
+def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = True
+              ) -> pd.DataFrame:
+    """One row per cell (and learning rate unless ``best_lr``): seeds, ok runs, and the mean,
+    sample standard deviation, min and max of ``metric`` (default: the primary metric) on every
+    test split. ``score`` is the mean primary metric on val, which picks the learning rate;
+    ``val_solved`` and ``solved`` say whether two thirds of the seeds reach the task's threshold
+    on val and on the headline test split. A rate with a count of scored positions also gets
+    the 95% Wilson interval of the rate pooled over the seeds (SPLIT_low, SPLIT_high)."""
+    shown_config = varying_config_columns(frame)
+    rows = []
+    for (cell, lr), runs in frame.groupby(["cell", "lr"], sort=False):
+        first = runs.iloc[0]
+        name = metric or first["primary_metric"]
+        splits = next((s for s in runs["splits"] if s), [])  # failed runs have no metrics
+        row = {column: first[column] for column in [*NAME_COLUMNS, *shown_config]}
+        row.update(cell=cell, depth_free_cell=first["depth_free_cell"], lr=lr,
+                   seeds=len(runs), ok=int((runs["status"] == "ok").sum()),
+                   solved_threshold=first["solved_threshold"], metric=name,
+                   headline=splits[0] if splits else None)
+        for split in splits:
+            values = _values(runs, f"{split}:{name}")
+            row[split] = values.mean()
+            row[f"{split}_std"] = values.std(ddof=1)
+            row[f"{split}_min"] = values.min()
+            row[f"{split}_max"] = values.max()
+            row[f"{split}_low"], row[f"{split}_high"] = _pooled_interval(runs, split, name)
+        primary = first["primary_metric"]
+        scores = _values(runs, f"{DECISION_SPLIT}:{primary}")
+        row["score"] = scores.mean() if len(scores) else -math.inf
+        threshold = first["solved_threshold"]
+        row["val_solved"] = solved(scores, len(runs), threshold)
+        row["solved"] = solved(_values(runs, f"{row['headline']}:{primary}"), len(runs),
+                                threshold)
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    if best_lr and len(table):
+        table = (table.sort_values(["ok", "score"], ascending=False, kind="stable")
+                 .drop_duplicates("cell").sort_index())
+    return table.reset_index(drop=True)
+
+
+def _values(runs: pd.DataFrame, column: str) -> pd.Series:
+    return runs[column].dropna() if column in runs else pd.Series(dtype=float)
+
+
+def _pooled_interval(runs: pd.DataFrame, split: str, metric: str) -> tuple[float, float]:
+    """The 95% Wilson interval of a rate pooled over the runs' scored positions of ``split``
+    (in the metric's unit); NaN where the metric is not a rate with counts."""
+    if metric not in RATE_METRICS or f"{split}:scored" not in runs:
+        return math.nan, math.nan
+    both = runs[[f"{split}:{metric}", f"{split}:scored"]].dropna()
+    total = int(both.iloc[:, 1].sum())
+    if not total:
+        return math.nan, math.nan
+    return rate_interval(float((both.iloc[:, 0] * both.iloc[:, 1]).sum()) / total, total, metric)
+
+
+def rate_interval(value: float, n: int, metric: str) -> tuple[float, float]:
+    """The 95% Wilson interval of a rate metric's value measured on n positions, in the
+    metric's unit (percent for error)."""
+    scale = 100.0 if metric in PERCENT_METRICS else 1.0
+    low, high = wilson_interval(value / scale, n)
+    return low * scale, high * scale
+
+
+def wilson_interval(rate: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a binomial rate observed on n trials."""
+    if not n or math.isnan(rate):
+        return math.nan, math.nan
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n))
+    # at a rate of 0 or 1 the interval ends there exactly (not at a rounding error beside it)
+    low = 0.0 if rate <= 0 else max(0.0, centre - half)
+    high = 1.0 if rate >= 1 else min(1.0, centre + half)
+    return low, high
+
+
+def solved_cells(frame: pd.DataFrame) -> set[str]:
+    """The depth-free cells that val says are solved at some depth in ``frame`` (the decision
+    of ``sweep --until-solved``)."""
+    if frame.empty:
+        return set()
+    table = aggregate(frame)
+    return set(table.loc[table["val_solved"], "depth_free_cell"])

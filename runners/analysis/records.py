@@ -1,0 +1,113 @@
+"""The table every analysis reads: a pandas frame with a row per run, built from run records
+(a directory of run directories, a tar archive of them) or read back from a records table, the
+CSV that `records_csv` writes (``pathbench results --format records``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from pathbench import UserError
+from pathbench.runners.training import store
+from pathbench.runners.training.config import DECISION_SPLIT, cell_key, parse_int_list
+
+LIST_COLUMNS = ("splits",)  # list-valued columns, written to a records table as JSON
+
+
+def record_row(record: dict) -> dict:
+    """One run as a flat row: names, every config value, and every scalar metric per split."""
+    config = record["config"]
+    model, train = config["model"], config["train"]
+    row = {
+        "task": config["task"]["name"], "model": model["attention"], "layers": model["layers"],
+        "heads": model["heads"], "d_model": model["d_model"], "lr": train["lr"],
+        "seed": config["seed"], "status": record["status"], "steps": record["steps"],
+        "wall_time_s": record["provenance"].get("wall_time_s"),
+        "primary_metric": record.get("primary_metric") or "accuracy",
+        "solved_threshold": record.get("solved_threshold"),
+        "splits": list(record["metrics"]),  # the test splits
+        "cell": cell_key(config), "depth_free_cell": cell_key(config, with_layers=False),
+        "run_id": record.get("run_id"), "run_dir": record.get("run_dir"),
+    }
+    named = {"attention", "layers", "heads", "d_model", "vocab_size"}
+    for key, value in config["task"]["config"].items():
+        row[f"task.{key}"] = _hashable(value)
+    row.update({f"model.{k}": _hashable(v) for k, v in model.items() if k not in named})
+    row.update({f"train.{k}": _hashable(v) for k, v in train.items() if k != "lr"})
+    for split, metrics in {DECISION_SPLIT: record.get("validation") or {},
+                           **record["metrics"]}.items():
+        for name, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                row[f"{split}:{name}"] = float(value)
+    for split, rules in (record.get("baselines") or {}).items():
+        for name, value in rules.items():
+            row[f"baseline:{split}:{name}"] = float(value)
+    return row
+
+
+def _hashable(value):
+    return store.canonical_json(value) if isinstance(value, (list, dict)) else value
+
+
+def load_frame(root: Path, only: set[str] | None = None, skip=None) -> pd.DataFrame:
+    """Every run record under ``root`` (or only the named runs) as a frame, one row a run;
+    ``root`` may also be a tar archive of run directories (see ``store.iter_results``, which
+    also says what ``skip`` does with a damaged record), or a records table (a .csv file)."""
+    if Path(root).suffix == ".csv":
+        frame = read_records(Path(root))
+        return frame if only is None else frame[frame["run_id"].isin(only)]
+    rows = []
+    for run_dir, record in store.iter_results(root, only, skip):
+        record["run_dir"] = str(run_dir)
+        rows.append(record_row(record))
+    return pd.DataFrame(rows)
+
+
+def records_csv(frame: pd.DataFrame) -> str:
+    """The frame as a records table: CSV, one row a run, every column."""
+    frame = frame.assign(**{c: [json.dumps(v) for v in frame[c]] for c in LIST_COLUMNS})
+    return frame.to_csv(index=False).rstrip("\n")
+
+
+def read_records(path: Path) -> pd.DataFrame:
+    """A records table as the frame it was written from (`records_csv`)."""
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+        frame = frame.assign(**{c: [json.loads(v) for v in frame[c]] for c in LIST_COLUMNS})
+    except (OSError, ValueError, KeyError, pd.errors.ParserError) as exc:
+        raise UserError(f"cannot read the records table {path}: "
+                        f"{getattr(exc, 'strerror', None) or exc}") from None
+    # configuration values that a record leaves unset (None) read back as missing
+    return frame.astype(object).where(frame.notna(), None).infer_objects()
+
+
+def apply_filters(frame: pd.DataFrame, *, task=None, model=None, layers=None, heads=None,
+                  status=None) -> pd.DataFrame:
+    def names(text):
+        return [part.strip() for part in text.split(",") if part.strip()]
+
+    if task:
+        frame = frame[frame["task"].isin(names(task))]
+    if model:
+        frame = frame[frame["model"].isin(names(model))]
+    if layers:
+        frame = frame[frame["layers"].isin(parse_int_list(layers, "--layers"))]
+    if heads:
+        frame = frame[frame["heads"].isin(parse_int_list(heads, "--heads"))]
+    if status:
+        frame = frame[frame["status"].isin(names(status))]
+    return frame
+
+
+def load_filtered(directory: Path, filters: dict, warn) -> pd.DataFrame:
+    """The records under ``directory`` that pass the filters (`apply_filters`'s); a damaged or
+    incomplete record is skipped after ``warn(message)``, a message naming it."""
+    frame = load_frame(directory, skip=warn)
+    if frame.empty:
+        raise UserError(f"no run records (result.json) under {directory}")
+    frame = apply_filters(frame, **filters)
+    if frame.empty:
+        raise UserError(f"no runs under {directory} match the filters")
+    return frame

@@ -1,0 +1,203 @@
+"""Tables of cells: minimum depths, and the `pathbench results` tables as text, CSV or markdown.
+
+A cell's numbers come from `pathbench.runners.analysis.cells`; the solved rule from
+`pathbench.runners.analysis.solved`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from pathbench.runners.analysis.cells import (
+    NAME_COLUMNS,
+    PERCENT_METRICS,
+    RATE_METRICS,
+    aggregate,
+    rate_interval,
+    varying_config_columns,
+)
+
+# csv: the table shown, machine-readable; records: every run's full row, which `results` and
+# `plot` read back in place of the run records (a file ending in .csv)
+FORMATS = ("table", "csv", "markdown", "records")
+
+
+def min_layers_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Per task and model, the fewest layers at which the cell is solved on test at the learning
+    rate val picked (">N": not up to N)."""
+    rows = []
+    solvable = table[table["solved_threshold"].notna()]
+    for (task, model, heads), cells in solvable.groupby(["task", "model", "heads"], sort=False):
+        solved = cells[cells["solved"]]
+        rows.append({"task": task, "model": model, "heads": heads,
+                     "min_layers": str(int(solved["layers"].min())) if len(solved)
+                     else f">{int(cells['layers'].max())}"})
+    rank = {name: i for i, name in enumerate(model_order(table["model"]))}
+    return pd.DataFrame(rows, columns=["task", "model", "heads", "min_layers"]).sort_values(
+        ["task", "model", "heads"], key=lambda c: c.map(rank) if c.name == "model" else c,
+        kind="stable").reset_index(drop=True)
+
+
+def min_depth_by_length(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per task, model and head count, the fewest layers that solve the task at each sequence
+    length of the runs (a column "length=N" each; ">N": not up to N layers)."""
+    lengths = frame["task.length"] if "task.length" in frame else pd.Series(None, frame.index)
+    found = []
+    for length, group in frame.groupby(lengths.fillna(-1), sort=True):
+        label = "min_layers" if length == -1 else f"length={tidy(length)}"
+        table = min_layers_table(aggregate(group))
+        found += [{**row, "column": label} for row in table.to_dict("records")]
+    if not found:
+        return pd.DataFrame()
+    wide = pd.DataFrame(found).pivot(index=["task", "model", "heads"], columns="column",
+                                     values="min_layers")
+    columns = sorted(wide.columns, key=lambda c: (len(c), c))  # length=8 before length=12
+    wide = wide[columns].reset_index().fillna("")
+    rank = {name: i for i, name in enumerate(model_order(wide["model"]))}
+    return wide.sort_values(["task", "model"], key=lambda c: c.map(rank) if c.name == "model"
+                            else c, kind="stable").reset_index(drop=True)
+
+
+def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_text: bool = True
+                  ) -> pd.DataFrame:
+    """The columns a reader wants, in order; per test split "mean ± sd [low, high]" text or
+    (``as_text`` False, for CSV) numeric columns, SPLIT, SPLIT_std (a sample standard deviation)
+    and, for a rate with counts, SPLIT_low and SPLIT_high (its pooled 95% Wilson interval).
+    Per run, each rate with a count of scored positions also gets its 95% Wilson interval
+    (SPLIT:METRIC 95% CI). A metric in percent (error) has " (%)" in its columns' names."""
+    config_columns = [*NAME_COLUMNS, *varying_config_columns(frame), "lr"]
+    model_rank = {name: rank for rank, name in enumerate(model_order(table["model"]))}
+    table = table.assign(_rank=table["model"].map(model_rank))
+    table = table.sort_values(["task", "_rank", "model", *config_columns[2:],
+                               *(["seed"] if per_run else [])], kind="stable")
+    if per_run:
+        metric_columns = [c for c in frame.columns if ":" in c and frame[c].notna().any()]
+        shown = table[[*config_columns, "seed", "status", "steps", *metric_columns]].copy()
+    else:
+        shown = table[[*config_columns, "metric"]].copy()
+    for column in config_columns[:-1]:  # integers that pandas turned into floats beside NaN
+        shown[column] = [tidy(value) for value in shown[column]]
+    if per_run:
+        return _with_intervals(shown, as_text)
+    splits = list(dict.fromkeys(s for split_list in frame["splits"] for s in split_list))
+    shown["ok/seeds"] = [f"{ok}/{seeds}" for ok, seeds in zip(table["ok"], table["seeds"])]
+    unit = " (%)" if set(table["metric"]) == {"error"} else ""
+    headline = splits[0] if splits else None
+    for column in [c for c in frame.columns
+                   if c.startswith(f"baseline:{headline}:") and frame[c].notna().any()]:
+        rule = column.rsplit(":", 1)[1].replace("_", " ")
+        means = frame.groupby(["cell", "lr"])[column].mean()
+        shown[f"{rule} ({headline})"] = [means.get((cell, lr), math.nan)
+                                         for cell, lr in zip(table["cell"], table["lr"])]
+    for split in splits:
+        if split not in table:
+            continue
+        if as_text:
+            shown[split + unit] = [_mean_std(*values) for values in zip(
+                table[split], table[f"{split}_std"], table[f"{split}_low"],
+                table[f"{split}_high"])]
+        else:
+            shown[split + unit] = table[split]
+            shown[f"{split}_std{unit}"] = table[f"{split}_std"]
+            if table[f"{split}_low"].notna().any():
+                shown[f"{split}_low{unit}"] = table[f"{split}_low"]
+                shown[f"{split}_high{unit}"] = table[f"{split}_high"]
+    return shown
+
+
+def _with_intervals(shown: pd.DataFrame, as_text: bool) -> pd.DataFrame:
+    """Per-run columns with units, and a Wilson interval beside each rate with a count."""
+    columns = {}
+    for column in shown.columns:
+        split, colon, metric = column.partition(":")
+        if not colon or split == "baseline":
+            columns[column] = shown[column]
+            continue
+        percent = metric in PERCENT_METRICS
+        columns[column + (" (%)" if percent else "")] = shown[column]
+        counts = shown.get(f"{split}:scored")
+        if metric in RATE_METRICS and counts is not None:
+            bounds = [rate_interval(value, int(n), metric) if value == value and n == n
+                      else (math.nan, math.nan) for value, n in zip(shown[column], counts)]
+            name = f"{column} 95% CI" + (" (%)" if percent else "")
+            if as_text:
+                columns[name] = ["" if math.isnan(low) else f"[{low:.3g}, {high:.3g}]"
+                                 for low, high in bounds]
+            else:
+                columns[name + " low"] = [low for low, _ in bounds]
+                columns[name + " high"] = [high for _, high in bounds]
+    return pd.DataFrame(columns)
+
+
+def builtin_models() -> list[str]:
+    """The built-in attention variants in the order they are registered (the paper's)."""
+    from pathbench.models import ATTENTIONS  # imports torch: only when a table is drawn
+    from pathbench.registry import BUILTIN
+
+    return [name for name, entry in ATTENTIONS.entries().items() if entry.origin == BUILTIN]
+
+
+def model_order(models) -> list[str]:
+    """Built-in models in the registry's order, then any others alphabetically."""
+    present = set(models)
+    known = [m for m in builtin_models() if m in present]
+    return known + sorted(present - set(known))
+
+
+def tidy(value):
+    """3.0 -> 3 (for display); anything else unchanged."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _mean_std(mean: float, std: float, low: float = math.nan, high: float = math.nan) -> str:
+    """"mean ± sd", and "[low, high]" where the rate has a pooled interval."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return ""
+    text = f"{mean:.4g}" if std is None or math.isnan(std) else f"{mean:.4g} ± {std:.2g}"
+    return text if math.isnan(low) else f"{text} [{low:.3g}, {high:.3g}]"
+
+
+def to_markdown(frame: pd.DataFrame) -> str:
+    def cell(value):
+        if isinstance(value, float):
+            return "" if math.isnan(value) else f"{value:.4g}"
+        return "" if value is None else str(value)
+
+    header = "| " + " | ".join(map(str, frame.columns)) + " |"
+    rule = "| " + " | ".join("---" for _ in frame.columns) + " |"
+    body = ["| " + " | ".join(cell(value) for value in row) + " |"
+            for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def render(frame: pd.DataFrame, fmt: str) -> str:
+    if fmt == "csv":
+        return frame.to_csv(index=False).rstrip("\n")
+    if fmt == "markdown":
+        return to_markdown(frame)
+    return frame.to_string(index=False, na_rep="", float_format=lambda value: f"{value:.4g}")
+
+
+def results_text(frame: pd.DataFrame, table: pd.DataFrame, per_run: bool, fmt: str) -> str:
+    """`pathbench results`' text: per task its table (``table``: the runs, or their cells) and,
+    where depth varies on a task with a threshold, its minimum layers to solve, then a note on
+    what the numbers are."""
+    sections = []  # one table per task, with the columns that task's runs use
+    for name, task_frame in frame.groupby("task", sort=True):
+        shown = display_table(table[table["task"] == name], task_frame, per_run)
+        heading = f"### {name}\n" if fmt == "markdown" else f"{name}:"
+        sections.append(f"{heading}\n{render(shown.drop(columns='task'), fmt)}")
+        if not per_run and task_frame["solved_threshold"].notna().any() \
+                and task_frame["layers"].nunique() > 1:
+            depth = min_depth_by_length(task_frame).drop(columns="task")
+            threshold = task_frame["solved_threshold"].dropna().iloc[0]
+            sections.append(f"{name}: minimum layers to solve (two thirds of the seeds at "
+                            f">= {threshold:g} on test, at the learning rate val picked)\n"
+                            f"{render(depth, fmt)}")
+    note = ("one row per run; rates with their 95% Wilson interval" if per_run else
+            "learning rate picked on val (--all-lrs: every one); test splits: mean ± sample "
+            "standard deviation (n - 1) over the seeds that finished ok; [low, high]: the 95% "
+            "Wilson interval of the rate pooled over their scored positions")
+    return "\n\n".join(sections) + f"\n\n({note})"

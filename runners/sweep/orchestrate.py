@@ -1,0 +1,113 @@
+"""Sweeps: grids of runs, resumable, trained by an executor (parallel processes, Slurm).
+
+A run whose ``result.json`` exists is skipped, unless its status is "failed" (a crash, not an
+outcome of training): records are written atomically and only once a run is over, so a sweep
+killed at any moment (SIGKILL included) loses nothing written, and running the same command
+again finishes the rest and retries the failures.
+
+``--pack N`` trains up to N runs that differ only in seed and learning rate as one model
+(``pathbench.models.pack``): a small model's step is hundreds of kernels too small to fill a
+GPU, and a pack's kernels do the work of all its runs in less time than they take one by one.
+Models large enough to fill the GPU gain nothing and need N times the memory. Every run still
+has its own record, exactly as if it had trained alone.
+
+The parts: `grid` (grids and sweep files), `schedule` (which pack goes next, --until-solved),
+`executors` (where packs train); this module resolves the grids, skips what is done and counts
+the outcomes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from pathbench import UserError
+from pathbench.files import check_writable
+from pathbench.runners.sweep.executors import EXECUTORS, GPU_LOST
+from pathbench.runners.sweep.grid import Grid
+from pathbench.runners.sweep.schedule import Schedule, is_done
+from pathbench.runners.training.config import run_id
+
+SKIPPED = "skipped (solved at fewer layers)"
+# The order of the outcomes in the closing summary, whatever order the runs ended in.
+OUTCOMES = ("ok", "diverged", "failed", "lost", GPU_LOST, SKIPPED, "already done")
+
+
+def summary_line(counts: Counter) -> str:
+    """"N ok, N lost, ..." in the order of OUTCOMES (any other outcome after them, by name)."""
+    order = [*OUTCOMES, *sorted(set(counts) - set(OUTCOMES))]
+    return ", ".join(f"{counts[key]} {key}" for key in order if counts[key])
+
+
+def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, executor: str,
+              slurm_params: dict, dry_run: bool = False) -> Counter:
+    """Resolve every grid, skip finished runs, run the rest with the named executor (in packs
+    of up to each grid's ``pack`` runs); returns counts by outcome."""
+    if workers < 1:
+        raise UserError(f"--workers must be >= 1, got {workers}")
+    runner = EXECUTORS.get(executor)(workers, slurm_params)
+    device = runner.device(device)
+    planned = [(grid, grid.configs(device)) for grid in grids]
+    if not dry_run:
+        check_writable(out)
+    total = sum(len(configs) for _, configs in planned)
+    counts: Counter = Counter()
+    done: set[str] = set()
+    for grid, configs in planned:
+        done_here = {run_id(config) for config in configs
+                     if is_done(out / run_id(config), set_aside=not dry_run)}
+        done |= done_here
+        counts["already done"] += len(done_here)
+        click.echo(f"sweep {grid.task}: {len(configs)} runs, {len(done_here)} already done",
+                   err=True)
+    if dry_run:
+        # what a run would do now: skip a deeper layer count already known to be unnecessary
+        dropped: set[str] = set()
+        schedule = Schedule(planned, out, lambda configs: dropped.update(map(run_id, configs)),
+                            dry_run=True)
+        packs = []
+        while (pack := schedule.next_pack()) is not None:
+            packs.append([run_id(config) for config in pack])
+            for config in pack:  # as if it had ended without a record
+                schedule.ended(run_id(config))
+        for _, configs in planned:
+            for config in configs:
+                name = run_id(config)
+                needless = name in dropped and name not in schedule.handed_out
+                mark = "done" if name in done else "skip" if needless else "todo"
+                reason = "  (solved at fewer layers)" if mark == "skip" else ""
+                click.echo(f"{mark}  {name}{reason}")
+        for line in runner.plan(packs):
+            click.echo(line)
+        return counts
+
+    bar = tqdm(total=total, initial=counts["already done"], desc="sweep", unit="run",
+               dynamic_ncols=True)
+
+    def skip(configs: list[dict]) -> None:
+        counts[SKIPPED] += len(configs)
+        bar.total -= len(configs)
+        bar.refresh()
+
+    schedule = Schedule(planned, out, skip)
+
+    def report(name: str, summary: dict | None) -> None:
+        status = summary["status"] if summary else "lost"
+        counts[status] += 1
+        if summary and status != "ok":  # lost runs: the executor says why, once per job
+            tqdm.write(f"{name}: {status}: {summary['reason']}", file=sys.stderr)
+        bar.update(1)
+        bar.set_postfix({key: value for key, value in counts.items() if key != "already done"})
+        schedule.ended(name)
+
+    try:
+        stopped = runner.run(schedule.next_pack, out, report, total - counts["already done"])
+    finally:
+        bar.close()
+    if stopped is not None:
+        counts[stopped] += 1
+    return counts
