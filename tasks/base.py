@@ -38,31 +38,15 @@ PRESETS = ("paper", "cpu")  # setting sizes: the task's run_defaults, or a small
 MAX_LENGTH = 1 << 20
 
 
-def eval_lengths_option(what: str):
-    """The ``eval_lengths`` field of a task whose test splits may also be drawn longer."""
-    return option((), f"lengths of extra test splits test_N, N {what} (each greater than length)",
-                  minimum=2, maximum=MAX_LENGTH)
-
-
-def check_eval_lengths(lengths: tuple[int, ...], length: int) -> None:
-    """Each extra evaluation length exceeds the training length, and none appears twice."""
-    for value in lengths:
-        if value <= length:
-            raise UserError(f"invalid value {value} in 'eval_lengths'; each must be greater than "
-                            f"length ({length})")
-    if len(set(lengths)) != len(lengths):
-        raise UserError(f"'eval_lengths' names a length twice: {','.join(map(str, lengths))}")
-
-
-def longer_test_splits(lengths: tuple[int, ...]) -> tuple[str, ...]:
-    """The test splits of the extra evaluation lengths: ``test_4096`` for 4096."""
-    return tuple(f"test_{value}" for value in lengths)
-
-
-def split_length(split: str, length: int) -> int:
-    """The sequence length of ``split``: N for a longer test split ``test_N``, else ``length``."""
-    prefix, _, value = split.partition("_")
-    return int(value) if prefix == "test" and value.isdigit() else length
+def _with_eval_lengths(config_class: type, length_setting: str) -> type:
+    """``config_class`` with the field ``eval_lengths`` added last: the lengths of extra test
+    splits ``test_N``."""
+    field = option((), f"lengths of extra test splits test_N, N each greater than "
+                       f"{length_setting}", minimum=2, maximum=MAX_LENGTH)
+    return dataclasses.make_dataclass(
+        config_class.__name__, [("eval_lengths", tuple[int, ...], field)],
+        bases=(config_class,), frozen=config_class.__dataclass_params__.frozen,
+        namespace={"__module__": config_class.__module__, "__doc__": config_class.__doc__})
 
 
 @dataclass
@@ -144,6 +128,13 @@ class Task:
     In ``__init__`` (after calling ``super().__init__``) it sets ``vocab`` and ``splits``. It
     implements `sample`, and may extend `metrics` and `baselines`.
 
+    Length: a task whose sequences have a length set by one ``Config`` field names that field in
+    ``length_setting`` ("length" for every built-in; ``length`` reads it). Such a task can also
+    be tested on longer sequences: this class adds the setting ``eval_lengths`` (after the
+    task's own fields), checks it, and adds a test split ``test_N`` for each N in it, drawn as
+    the first test split is, at length N, on a random stream of its own; `sample` never sees
+    these splits.
+
     Splits: ``splits[0]`` is ``"train"`` and ``splits[1]`` is ``"val"``, drawn from the training
     distribution; the rest (`test_splits`) are the test splits, which only report. A task that
     declares ``val`` samples it itself (flip-flop's ``val``, like its ``train``, uses p_ignore
@@ -169,6 +160,7 @@ class Task:
     presets: ClassVar[dict] = {}  # e.g. {"cpu": {"task": {...}, "train": {...}}}
     primary_metric: ClassVar[str] = "accuracy"
     solved_threshold: ClassVar[float | None] = None
+    length_setting: ClassVar[str | None] = None  # the Config field that sets the length
 
     vocab: list[str]
 
@@ -180,6 +172,16 @@ class Task:
                             f"{', '.join(PRESETS[1:])}, got {cls.presets!r}")
         for name, preset in cls.presets.items():
             _check_settings(cls, f"presets[{name!r}]", preset, ("task", "model", "train"))
+        config_class = cls.__dict__.get("Config")
+        if cls.length_setting is not None and config_class is not None:
+            names = [field.name for field in dataclasses.fields(config_class)]
+            if cls.length_setting not in names:
+                raise UserError(f"{_owner(cls)}: length_setting {cls.length_setting!r} is not "
+                                f"a field of its Config; fields: {', '.join(names)}")
+            if "eval_lengths" in names:
+                raise UserError(f"{_owner(cls)}: its Config declares 'eval_lengths', which "
+                                f"the Task base class adds to a task with a length_setting")
+            cls.Config = _with_eval_lengths(config_class, cls.length_setting)
         declared = cls.__dict__.get("splits")
         if declared is not None and not isinstance(declared, property):
             # A class attribute would hide the property below: check it now, keep it aside.
@@ -188,8 +190,27 @@ class Task:
 
     @property
     def splits(self) -> tuple[str, ...]:
-        """The split names: ``"train"``, ``"val"``, then the test splits."""
-        return self._declared_splits()[0]
+        """The split names: ``"train"``, ``"val"``, then the test splits (the longer ones
+        ``test_N`` last)."""
+        return self._declared_splits()[0] + tuple(self._longer_splits())
+
+    @property
+    def length(self) -> int | None:
+        """The length of the training sequences (None: the task names no ``length_setting``)."""
+        return None if self.length_setting is None else getattr(self.options, self.length_setting)
+
+    def _longer_splits(self) -> dict[str, int]:
+        """The longer test splits, ``test_N`` -> N."""
+        lengths = self.options.eval_lengths if self.length_setting is not None else ()
+        return {f"test_{length}": length for length in lengths}
+
+    def at_length(self, length: int) -> "Task":
+        """This task with its sequences ``length`` long (its longer test splits dropped)."""
+        task = copy.copy(self)
+        task.options = dataclasses.replace(self.options, **{self.length_setting: length,
+                                                           "eval_lengths": ()})
+        task.config = dataclasses.asdict(task.options)
+        return task
 
     @splits.setter
     def splits(self, declared) -> None:
@@ -210,8 +231,27 @@ class Task:
     def __init__(self, overrides: dict[str, Any] | None = None):
         self.options = resolve_config(self.Config, overrides or {}, owner=f"task {self.name!r}")
         self.config = dataclasses.asdict(self.options)
+        if self.length_setting is not None:
+            self._check_eval_lengths()
         # A copy per instance, so that a caller editing its defaults cannot change another task's.
         self.run_defaults = copy.deepcopy(type(self).run_defaults)
+
+    def _check_eval_lengths(self) -> None:
+        """Each longer test length exceeds the training length, appears once, and is a length
+        the task takes."""
+        owner, lengths = f"task {self.name!r}", self.options.eval_lengths
+        for value in lengths:
+            if value <= self.length:
+                raise UserError(f"{owner}: invalid value {value} in 'eval_lengths'; each must be "
+                                f"greater than {self.length_setting} ({self.length})")
+            try:
+                self.at_length(value)
+            except UserError as exc:
+                raise UserError(f"{owner}: invalid value {value} in 'eval_lengths': "
+                                f"{exc}") from None
+        if len(set(lengths)) != len(lengths):
+            raise UserError(f"{owner}: 'eval_lengths' names a length twice: "
+                            f"{','.join(map(str, lengths))}")
 
     def sample(
         self, rng: np.random.Generator, num: int, split: str
@@ -225,7 +265,8 @@ class Task:
         Each split draws from its own stream, seeded by (split_key(split), seed), ``val``
         included when this class supplies it (see the class docstring).
         """
-        splits, val_is_train = self._declared_splits()
+        _, val_is_train = self._declared_splits()
+        splits = self.splits
         if split not in splits:
             raise UserError(
                 f"task {self.name!r} has no split {split!r}; valid splits: {', '.join(splits)}"
@@ -236,7 +277,10 @@ class Task:
             raise UserError(f"the seed must be a non-negative integer, got {seed!r}")
         rng = np.random.default_rng(np.random.SeedSequence([split_key(split), int(seed)]))
         distribution = "train" if split == "val" and val_is_train else split
-        inputs, targets = self.sample(rng, int(num), distribution)
+        task = self
+        if split in self._longer_splits():  # the first test split, longer
+            task, distribution = self.at_length(self._longer_splits()[split]), self.test_splits[0]
+        inputs, targets = task.sample(rng, int(num), distribution)
         inputs, targets = self._checked_sample(inputs, targets, int(num))
         return Dataset(inputs, targets, list(self.vocab))
 

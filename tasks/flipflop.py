@@ -13,11 +13,7 @@ from pathbench.tasks.base import (
     MAX_LENGTH,
     TASKS,
     Task,
-    check_eval_lengths,
-    eval_lengths_option,
-    longer_test_splits,
     option,
-    split_length,
 )
 
 WRITE, READ, IGNORE, ZERO, ONE = range(5)  # token ids, in the order of VOCAB
@@ -32,13 +28,10 @@ P_IGNORE = {"train": 0.8, "val": 0.8, "test": 0.8, "sparse": 0.98, "dense": 0.1}
 class FlipFlopConfig:
     length: int = option(512, "tokens per sequence (instruction, bit pairs, so even)", minimum=4,
                          maximum=MAX_LENGTH)
-    eval_lengths: tuple[int, ...] = eval_lengths_option("tokens, even")
 
     def __post_init__(self):
-        for name, value in [("length", self.length), *(("eval_lengths", n) for n in self.eval_lengths)]:
-            if value % 2:
-                raise UserError(f"invalid value {value} for {name!r}; it must be even")
-        check_eval_lengths(self.eval_lengths, self.length)
+        if self.length % 2:
+            raise UserError(f"invalid value {self.length} for 'length'; it must be even")
 
 
 @TASKS.register("flipflop")
@@ -60,6 +53,7 @@ class FlipFlop(Task):
     version = "1"
     description = "flip-flop language modelling (Liu et al. 2023): recall the last written bit"
     Config = FlipFlopConfig
+    length_setting = "length"
     # The model is PaTH's (Yang et al. 2025, Table 1): one layer, two heads, width 64. The
     # training settings are our choice for a model this small, not taken from the paper.
     run_defaults = {
@@ -88,11 +82,11 @@ class FlipFlop(Task):
     def __init__(self, overrides=None):
         super().__init__(overrides)
         self.vocab = list(VOCAB)
-        self.splits = (*P_IGNORE, *longer_test_splits(self.options.eval_lengths))
+        self.splits = tuple(P_IGNORE)
 
     def sample(self, rng, num, split):
-        pairs = split_length(split, self.options.length) // 2
-        p_ignore = P_IGNORE.get(split, P_IGNORE["test"])
+        pairs = self.options.length // 2
+        p_ignore = P_IGNORE[split]
         # Narrow dtypes until the final int64 arrays: at 100,000 x 512 memory traffic dominates.
         draw = rng.random((num, pairs), dtype=np.float32)
         write_or_read = np.where(draw < (1 + p_ignore) / 2, np.uint8(WRITE), np.uint8(READ))

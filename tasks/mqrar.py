@@ -21,11 +21,7 @@ from pathbench.tasks.base import (
     MAX_LENGTH,
     TASKS,
     Task,
-    check_eval_lengths,
-    eval_lengths_option,
-    longer_test_splits,
     option,
-    split_length,
 )
 
 ASSIGNMENT_TOKENS, QUERY_TOKENS = 2, 2  # "Kx Vy" and "? Kx"
@@ -38,7 +34,6 @@ class MqrarConfig:
     n_back: int = option(2, "a query asks for the n-th most recent value of its key", minimum=1)
     query_prob: float = option(0.5, "probability that an item is a query (when one is possible)")
     length: int = option(768, "tokens per sequence, padded with '.'", minimum=1, maximum=MAX_LENGTH)
-    eval_lengths: tuple[int, ...] = eval_lengths_option("tokens")
 
     def __post_init__(self):
         if not 0 < self.query_prob < 1:
@@ -51,7 +46,6 @@ class MqrarConfig:
                 f"invalid value {self.length} for 'length'; with n_back={self.n_back} it must "
                 f"be >= {shortest}"
             )
-        check_eval_lengths(self.eval_lengths, self.length)
 
 
 @TASKS.register("mqrar")
@@ -92,6 +86,7 @@ class Mqrar(Task):
     version = "2"
     description = "multi-query repeated associative recall: recall a key's n-th most recent value"
     Config = MqrarConfig
+    length_setting = "length"
     # The model and task size are PaTH's setting (Yang et al. 2025): two layers, two heads,
     # width 256, 32 keys, 768 tokens. The training settings are our choice.
     run_defaults = {
@@ -118,11 +113,11 @@ class Mqrar(Task):
         super().__init__(overrides)
         keys, values = self.options.num_keys, self.options.num_values
         self.vocab = [f"K{k}" for k in range(keys)] + [f"V{v}" for v in range(values)] + ["?", "."]
-        self.splits = ("train", "val", "test", *longer_test_splits(self.options.eval_lengths))
+        self.splits = ("train", "val", "test")
 
     def sample(self, rng, num, split):
         o = self.options
-        length = split_length(split, o.length)
+        length = o.length
         first_value = o.num_keys  # token id of V0
         query, pad = first_value + o.num_values, first_value + o.num_values + 1
         inputs = np.full((num, length), pad, dtype=np.int64)

@@ -10,11 +10,7 @@ from pathbench.tasks.base import (
     MAX_LENGTH,
     TASKS,
     Task,
-    check_eval_lengths,
-    eval_lengths_option,
-    longer_test_splits,
     option,
-    split_length,
 )
 
 
@@ -54,10 +50,6 @@ def group_tables(group: str) -> tuple[list[str], np.ndarray]:
 @dataclass(frozen=True)
 class WordProblemConfig:
     length: int = option(20, "group elements per sequence", minimum=1, maximum=MAX_LENGTH)
-    eval_lengths: tuple[int, ...] = eval_lengths_option("elements")
-
-    def __post_init__(self):
-        check_eval_lengths(self.eval_lengths, self.length)
 
 
 class WordProblem(Task):
@@ -83,6 +75,7 @@ class WordProblem(Task):
 
     version = "1"
     Config = WordProblemConfig
+    length_setting = "length"
     solved_threshold = 0.9
     # Our choice, not the paper's: four heads of width 32 (d_model 128) and two layers as the
     # starting point of a depth sweep, on sequences of 20 elements, the short-sequence regime
@@ -112,10 +105,10 @@ class WordProblem(Task):
     def __init__(self, overrides=None):
         super().__init__(overrides)
         self.vocab, self._table = group_tables(self.name)
-        self.splits = ("train", "val", "test", *longer_test_splits(self.options.eval_lengths))
+        self.splits = ("train", "val", "test")
 
     def sample(self, rng, num, split):
-        length = split_length(split, self.options.length)
+        length = self.options.length
         elements = rng.integers(0, len(self.vocab), size=(num, length))
         products = np.empty_like(elements)
         products[:, 0] = elements[:, 0]

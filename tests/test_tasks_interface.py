@@ -139,6 +139,43 @@ class LegacyCount(Task):
         return tokens, tokens
 
 
+class MeasuredCount(LegacyCount):
+    """LegacyCount that names its length setting: the base class gives it longer test splits."""
+
+    name = "measured_count"
+    Config = CountConfig
+    length_setting = "length"
+
+
+def test_a_task_that_names_its_length_gets_longer_test_splits_from_the_base_class():
+    task = MeasuredCount({"eval_lengths": "9,12"})
+    assert task.config == {"length": 6, "eval_lengths": (9, 12)} and task.length == 6
+    assert task.splits == ("train", "val", "test", "test_9", "test_12")
+    longer = task.generate(5, seed=1, split="test_12")
+    # the first test split at length 12, on a stream of its own; sample never saw "test_12"
+    assert longer.inputs.shape == (5, 12) and longer.inputs.min() >= 2
+    assert "test_12" not in task.asked and task.asked[-1] == "test"
+    assert not np.array_equal(longer.inputs[:, :6], task.generate(5, seed=1, split="test").inputs)
+    with pytest.raises(UserError, match="'eval_lengths'; each must be greater than length"):
+        MeasuredCount({"eval_lengths": "6"})
+    assert "eval_lengths" not in LegacyCount().config  # a task without a length setting
+
+
+def test_a_length_setting_must_be_a_field_and_eval_lengths_is_the_base_classes():
+    with pytest.raises(UserError, match="length_setting 'size' is not a field"):
+        type("Sized", (LegacyCount,), {"name": "sized", "Config": CountConfig,
+                                       "length_setting": "size"})
+
+    @dataclass(frozen=True)
+    class OwnEvalLengths:
+        length: int = option(6, "tokens")
+        eval_lengths: tuple[int, ...] = option((), "its own")
+
+    with pytest.raises(UserError, match="declares 'eval_lengths'"):
+        type("Own", (LegacyCount,), {"name": "own", "Config": OwnEvalLengths,
+                                     "length_setting": "length"})
+
+
 def test_a_task_without_val_gets_val_as_train_on_its_own_stream():
     task = LegacyCount()
     assert task.splits == ("train", "val", "test") and task.test_splits == ("test",)

@@ -34,6 +34,7 @@ from matplotlib.figure import Figure
 
 from pathbench.files import write_atomic, write_text_atomic
 from pathbench.runners.analysis.cells import aggregate, varying_config_columns
+from pathbench.runners.analysis.records import length_column
 from pathbench.runners.analysis.tables import (
     min_depth_by_length,
     min_layers_table,
@@ -72,11 +73,12 @@ def _single(runs: pd.DataFrame, column: str):
 @dataclass(frozen=True)
 class Layout:
     """A task's panels: what must vary among its runs for this layout to apply, and the panels
-    (a kind of `PANELS` and its x column) it draws."""
+    (a kind of `PANELS` and its x column) it draws. Each is a function of the runs' varying
+    task settings and the column of the task's length setting."""
 
-    applies: Callable[[pd.DataFrame, list[str]], bool]  # (runs, varying task settings)
-    panels: Callable[[list[str]], list[tuple[str, str | None]]]  # task settings -> (kind, x)
-    axes: Callable[[list[str]], list[str]] = lambda task_keys: []  # columns that are axes
+    applies: Callable[[pd.DataFrame, list[str], str | None], bool]
+    panels: Callable[[list[str], str | None], list[tuple[str, str | None]]]  # (kind, x)
+    axes: Callable[[list[str], str | None], list[str]] = lambda keys, length: []
 
 
 def _varies(runs: pd.DataFrame, column: str) -> bool:
@@ -86,17 +88,18 @@ def _varies(runs: pd.DataFrame, column: str) -> bool:
 # The first layout that applies to a task's runs is drawn, in this order.
 LAYOUTS = {
     "depth against length": Layout(
-        lambda runs, keys: _varies(runs, "layers") and "task.length" in keys,
-        lambda keys: [("depth_vs_length", "task.length"), ("lines", "layers")],
-        lambda keys: ["task.length"]),
+        lambda runs, keys, length: _varies(runs, "layers") and length in keys,
+        lambda keys, length: [("depth_vs_length", length), ("lines", "layers")],
+        lambda keys, length: [length]),
     "layers x heads": Layout(
-        lambda runs, keys: _varies(runs, "layers") and _varies(runs, "heads"),
-        lambda keys: [("heatmap", "layers")]),
-    "against layers": Layout(lambda runs, keys: _varies(runs, "layers"),
-                             lambda keys: [("lines", "layers")]),
-    "against a task setting": Layout(lambda runs, keys: bool(keys),
-                                     lambda keys: [("lines", keys[0])], lambda keys: keys[:1]),
-    "per split": Layout(lambda runs, keys: True, lambda keys: [("bars", None)]),
+        lambda runs, keys, length: _varies(runs, "layers") and _varies(runs, "heads"),
+        lambda keys, length: [("heatmap", "layers")]),
+    "against layers": Layout(lambda runs, keys, length: _varies(runs, "layers"),
+                             lambda keys, length: [("lines", "layers")]),
+    "against a task setting": Layout(lambda runs, keys, length: bool(keys),
+                                     lambda keys, length: [("lines", keys[0])],
+                                     lambda keys, length: keys[:1]),
+    "per split": Layout(lambda runs, keys, length: True, lambda keys, length: [("bars", None)]),
 }
 
 
@@ -110,8 +113,10 @@ def plan_panels(frame: pd.DataFrame) -> list[dict]:
         if runs["d_model"].nunique() > 1:
             varying.append("d_model")
         task_keys = [c for c in varying if c.startswith("task.")]
-        layout = next(layout for layout in LAYOUTS.values() if layout.applies(runs, task_keys))
-        kinds, axes = layout.panels(task_keys), layout.axes(task_keys)
+        length = length_column(task)
+        layout = next(layout for layout in LAYOUTS.values()
+                      if layout.applies(runs, task_keys, length))
+        kinds, axes = layout.panels(task_keys, length), layout.axes(task_keys, length)
         split_by = [c for c in varying if c not in axes]
         groups = runs.groupby(split_by, sort=True, dropna=False) if split_by else [((), runs)]
         for values, group in groups:
@@ -119,9 +124,9 @@ def plan_panels(frame: pd.DataFrame) -> list[dict]:
             named = ", ".join(f"{k.split('.')[-1]}={tidy(v)}" for k, v in zip(split_by, values))
             for kind, x in kinds:
                 shown = group
-                if kind == "lines" and x == "layers" and "task.length" in axes:
-                    longest = group["task.length"].max()  # accuracy against depth at one length
-                    shown = group[group["task.length"] == longest]
+                if kind == "lines" and x == "layers" and length in axes:
+                    longest = group[length].max()  # accuracy against depth at one length
+                    shown = group[group[length] == longest]
                 if kind == "heatmap":  # a panel per model
                     for model in model_order(group["model"]):
                         own = group[group["model"] == model]
@@ -145,7 +150,8 @@ def _longer_splits(runs: pd.DataFrame) -> list[str]:
 def _title(task: str, named: str, runs: pd.DataFrame) -> str:
     """The task, the settings that split its panels, its length and its step budget."""
     parts = [named] if named else []
-    length = _single(runs, "task.length")
+    column = length_column(task)
+    length = _single(runs, column) if column else None
     if length is not None:
         parts.append(f"length {length}")
     steps = _single(runs, "train.steps")
@@ -350,7 +356,8 @@ def draw_generalisation(ax, panel: dict) -> str:
     table = aggregate(runs, "error" if has_error else None)
     metric = table["metric"].iloc[0]
     unit = " (%)" if metric == "error" else ""
-    table["length"] = [runs.loc[runs["cell"] == cell, "task.length"].iloc[0]
+    column = length_column(runs["task"].iloc[0])
+    table["length"] = [runs.loc[runs["cell"] == cell, column].iloc[0]
                        for cell in table["cell"]]
     models = model_order(table["model"])
     rows, xs = [], set()

@@ -111,3 +111,15 @@ def load_filtered(directory: Path, filters: dict, warn) -> pd.DataFrame:
     if frame.empty:
         raise UserError(f"no runs under {directory} match the filters")
     return frame
+
+
+def length_column(task: str) -> str | None:
+    """The column of ``task``'s length setting ("task.length"); None if it declares none, or is
+    a plugin that is not installed here."""
+    from pathbench.tasks import TASKS
+
+    try:
+        setting = TASKS.get(task).length_setting
+    except UserError:
+        return None
+    return None if setting is None else f"task.{setting}"

@@ -10,6 +10,7 @@ import math
 
 import pandas as pd
 
+from pathbench.runners.analysis.records import length_column
 from pathbench.runners.analysis.cells import (
     NAME_COLUMNS,
     PERCENT_METRICS,
@@ -43,7 +44,8 @@ def min_layers_table(table: pd.DataFrame) -> pd.DataFrame:
 def min_depth_by_length(frame: pd.DataFrame) -> pd.DataFrame:
     """Per task, model and head count, the fewest layers that solve the task at each sequence
     length of the runs (a column "length=N" each; ">N": not up to N layers)."""
-    lengths = frame["task.length"] if "task.length" in frame else pd.Series(None, frame.index)
+    column = length_column(frame["task"].iloc[0]) if len(frame) else None
+    lengths = frame[column] if column in frame else pd.Series(None, frame.index)
     found = []
     for length, group in frame.groupby(lengths.fillna(-1), sort=True):
         label = "min_layers" if length == -1 else f"length={tidy(length)}"
