@@ -38,15 +38,18 @@ PRESETS = ("paper", "cpu")  # setting sizes: the task's run_defaults, or a small
 MAX_LENGTH = 1 << 20
 
 
-def _with_eval_lengths(config_class: type, length_setting: str) -> type:
-    """``config_class`` with the field ``eval_lengths`` added last: the lengths of extra test
-    splits ``test_N``."""
+def _with_eval_lengths(task_class: type, length_setting: str) -> type:
+    """The task's ``Config`` with the field ``eval_lengths`` added last (the lengths of extra
+    test splits ``test_N``), named as the task's attribute so that it pickles."""
+    config_class = task_class.Config
     field = option((), f"lengths of extra test splits test_N, N each greater than "
                        f"{length_setting}", minimum=2, maximum=MAX_LENGTH)
-    return dataclasses.make_dataclass(
+    derived = dataclasses.make_dataclass(
         config_class.__name__, [("eval_lengths", tuple[int, ...], field)],
         bases=(config_class,), frozen=config_class.__dataclass_params__.frozen,
-        namespace={"__module__": config_class.__module__, "__doc__": config_class.__doc__})
+        namespace={"__module__": task_class.__module__, "__doc__": config_class.__doc__})
+    derived.__qualname__ = f"{task_class.__qualname__}.Config"
+    return derived
 
 
 @dataclass
@@ -181,7 +184,7 @@ class Task:
             if "eval_lengths" in names:
                 raise UserError(f"{_owner(cls)}: its Config declares 'eval_lengths', which "
                                 f"the Task base class adds to a task with a length_setting")
-            cls.Config = _with_eval_lengths(config_class, cls.length_setting)
+            cls.Config = _with_eval_lengths(cls, cls.length_setting)
         declared = cls.__dict__.get("splits")
         if declared is not None and not isinstance(declared, property):
             # A class attribute would hide the property below: check it now, keep it aside.

@@ -13,7 +13,7 @@ import pytest
 from matplotlib.container import BarContainer
 
 from pathbench.runners.training import store
-from pathbench.runners.training.config import resolve_run, run_id
+from pathbench.runners.training.config import resolve_run
 from pathbench.runners.analysis.figures import draw, plan_panels, render
 from pathbench.runners.analysis.records import load_frame
 
@@ -50,10 +50,10 @@ def shown(figure) -> dict[str, dict]:
 
 
 def _record(config, val, test, baselines=None):
-    return {"run_id": run_id(config), "status": "ok", "reason": None, "steps": 1,
+    return {"run_id": config.run_id, "status": "ok", "reason": None, "steps": 1,
             "primary_metric": "accuracy", "solved_threshold": 0.9,
             "validation": {"accuracy": val}, "metrics": {"test": {"accuracy": test}},
-            "baselines": {"test": baselines or {}}, "config": config,
+            "baselines": {"test": baselines or {}}, "config": config.config,
             "provenance": {"wall_time_s": 0.1}}
 
 
@@ -65,7 +65,7 @@ def _write(out, task, model, layers, seed, val, test, sets=(), heads=None, basel
         parsed[section][name] = value
     config = resolve_run(task, options={"model": model, "layers": layers, "heads": heads},
                          sets=parsed, seed=seed)
-    store.write_json_atomic(out / run_id(config) / "result.json",
+    store.write_json_atomic(out / config.run_id / "result.json",
                             _record(config, val, test, baselines))
     return config
 
@@ -173,7 +173,7 @@ def test_no_empty_panel_for_a_task_without_the_metric(tmp_path):
 def _write_metrics(out, task, model, layers, seed, val, metrics, sets=()):
     """A record whose test splits are given in full: {split: {metric: value}}."""
     config = _write(out, task, model, layers, seed, val, 0.0, sets=sets)
-    path = out / run_id(config) / "result.json"
+    path = out / config.run_id / "result.json"
     data = __import__("json").loads(path.read_text())
     data["metrics"] = metrics
     store.write_json_atomic(path, data)

@@ -7,6 +7,7 @@ import json
 import os
 from collections import Counter
 from pathlib import PurePosixPath
+from types import SimpleNamespace
 
 import pytest
 from conftest import cli, sweep_counts
@@ -54,22 +55,22 @@ def test_set_items_are_parsed_and_checked():
 
 def test_later_sources_win():
     """defaults < task run_defaults < preset < command-line options < --set."""
-    paper = resolve_run("flipflop", device="cuda")
+    paper = resolve_run("flipflop", device="cuda").config
     assert paper["preset"] == "paper"
     assert paper["model"] | {"vocab_size": None} == paper["model"] | {
         "attention": "path", "layers": 1, "heads": 2, "d_model": 64, "vocab_size": None}
     assert paper["task"]["config"]["length"] == 512  # the paper's setting
-    cpu = resolve_run("flipflop", device="cpu")
+    cpu = resolve_run("flipflop", device="cpu").config
     assert cpu["preset"] == "cpu"
     assert cpu["task"]["config"]["length"] == 128 and cpu["train"]["steps"] == 600
     assert cpu["model"] == paper["model"]  # the cpu preset shrinks the data, not the model
-    forced = resolve_run("flipflop", device="cpu", preset="paper")
+    forced = resolve_run("flipflop", device="cpu", preset="paper").config
     assert forced["task"] == paper["task"] and forced["train"] == paper["train"]
 
-    options = resolve_run("flipflop", device="cpu", options={"lr": 3e-3, "layers": 2})
+    options = resolve_run("flipflop", device="cpu", options={"lr": 3e-3, "layers": 2}).config
     assert options["train"]["lr"] == 3e-3 and options["model"]["layers"] == 2
     both = resolve_run("flipflop", device="cpu", options={"lr": 3e-3},
-                       sets=parse_sets(["train.warmup=7", "task.length=32", "model.heads=4"]))
+                       sets=parse_sets(["train.warmup=7", "task.length=32", "model.heads=4"])).config
     assert both["train"]["lr"] == 3e-3 and both["train"]["warmup"] == 7
     assert both["task"]["config"]["length"] == 32 and both["model"]["heads"] == 4
     assert both["model"]["vocab_size"] == 5  # from the task's vocabulary
@@ -80,11 +81,11 @@ def test_later_sources_win():
 def test_run_id_is_deterministic_and_names_the_run():
     first = resolve_run("flipflop", device="cpu", seed=1)
     again = resolve_run("flipflop", device="cpu", seed=1)
-    assert run_id(first) == run_id(again)
-    assert run_id(first).startswith("flipflop-path-L1-H2-D64-lr0.001-s1-")
-    assert run_id(resolve_run("flipflop", device="cpu", seed=2)) != run_id(first)
+    assert first.run_id == again.run_id
+    assert first.run_id.startswith("flipflop-path-L1-H2-D64-lr0.001-s1-")
+    assert resolve_run("flipflop", device="cpu", seed=2).run_id != first.run_id
     # The device is where a run happens, not what it is.
-    assert run_id({**first, "device": "cuda"}) == run_id(first)
+    assert run_id({**first.config, "device": "cuda"}) == first.run_id
 
 
 def test_strict_configuration_errors():
@@ -170,12 +171,12 @@ def test_results_and_plot_read_an_archive_of_runs_as_the_directory(tmp_path, cap
     runs = tmp_path / "runs"
     grid = Grid(task="a5", models=["path", "rope"], layers=[1, 2], lrs=[1e-3, 3e-4],
                 seeds=[0, 1], sets=["task.length=8"])
-    for i, config in enumerate(grid.configs("cpu")):
-        store.write_json_atomic(runs / run_id(config) / "result.json",
-                                _fake_record(config, 0.3 + 0.02 * i))
-        store.write_text_atomic(runs / run_id(config) / "curve.jsonl", "{}\n")
-    other = next(iter(Grid(task="z60", models=["path"], seeds=[0]).configs("cpu")))
-    store.write_json_atomic(tmp_path / "probe" / run_id(other) / "result.json",
+    for i, run in enumerate(grid.runs("cpu")):
+        store.write_json_atomic(runs / run.run_id / "result.json",
+                                _fake_record(run, 0.3 + 0.02 * i))
+        store.write_text_atomic(runs / run.run_id / "curve.jsonl", "{}\n")
+    other = next(iter(Grid(task="z60", models=["path"], seeds=[0]).runs("cpu")))
+    store.write_json_atomic(tmp_path / "probe" / other.run_id / "result.json",
                             _fake_record(other, 0.95))
     archives = [_archive(runs, tmp_path / "runs.tar.xz", "runs"),
                 _archive(runs, tmp_path / "runs.tar.gz", "./runs"),
@@ -204,7 +205,7 @@ def test_results_and_plot_read_an_archive_of_runs_as_the_directory(tmp_path, cap
     with tarfile.open(both, "w:xz") as tar:
         tar.add(runs, arcname="runs")
         tar.add(tmp_path / "probe", arcname="probe")
-    assert len(load_frame(both)) == len(grid.configs("cpu")) + 1
+    assert len(load_frame(both)) == len(grid.runs("cpu")) + 1
     assert list(load_frame(both / "probe")["task"]) == ["z60"]
     assert outputs(both / "runs", "both-runs") == expected
     code, _, stderr = cli(capsys, "results", both / "nosuch")
@@ -212,11 +213,11 @@ def test_results_and_plot_read_an_archive_of_runs_as_the_directory(tmp_path, cap
 
 
 def test_corrupt_record_in_an_archive_is_skipped_with_a_warning_naming_it(tmp_path, capsys):
-    configs = Grid(task="a5", models=["path"], seeds=[0, 1]).configs("cpu")
-    for config in configs:
-        store.write_json_atomic(tmp_path / "runs" / run_id(config) / "result.json",
-                                _fake_record(config, 0.5))
-    run_dir = tmp_path / "runs" / run_id(configs[0])
+    runs = Grid(task="a5", models=["path"], seeds=[0, 1]).runs("cpu")
+    for run in runs:
+        store.write_json_atomic(tmp_path / "runs" / run.run_id / "result.json",
+                                _fake_record(run, 0.5))
+    run_dir = tmp_path / "runs" / runs[0].run_id
     good = _archive(tmp_path / "runs", tmp_path / "good.tar.gz", "runs")
     (run_dir / "result.json").write_text('{"status": "ok", "metr')  # half-written
     bad = _archive(tmp_path / "runs", tmp_path / "runs.tar.xz", "runs")
@@ -248,17 +249,17 @@ def test_shipped_sweep_files_resolve():
     flipflop = [grid for grid in grids if grid.task == "flipflop"]
     assert flipflop[0].models == ["nope", "rope", "sba", "fox", "path", "path_fox"]
     assert len(flipflop[0].seeds) >= 3
-    configs = flipflop[0].configs("cuda")
-    assert len(configs) == 6 * len(flipflop[0].seeds) * len(flipflop[0].lrs or [None])
-    assert {c["model"]["d_model"] for c in configs} == {64}
+    runs = flipflop[0].runs("cuda")
+    assert len(runs) == 6 * len(flipflop[0].seeds) * len(flipflop[0].lrs or [None])
+    assert {c.model.d_model for c in runs} == {64}
     # Table 1 at one layer, PaTH also at two (the theorem's depth); both tested at 1,024 and
     # 4,096 tokens, and the sparse split scores about 10^6 reads (3.5 a sequence).
     assert [(grid.models, grid.layers) for grid in flipflop[1:]] == [(["path"], [2])]
-    for config in configs + flipflop[1].configs("cuda"):
-        assert config["task"]["config"]["eval_lengths"] == (1024, 4096)
-        assert config["train"]["eval_sizes"]["sparse"] * 3.5 >= 1e6
+    for run in runs + flipflop[1].runs("cuda"):
+        assert run.task.config["eval_lengths"] == (1024, 4096)
+        assert run.train.eval_sizes["sparse"] * 3.5 >= 1e6
     mqrar = next(grid for grid in grids if grid.task == "mqrar")
-    n_back = {c["task"]["config"]["n_back"] for c in mqrar.configs("cuda")}
+    n_back = {c.task.config["n_back"] for c in mqrar.runs("cuda")}
     assert n_back == {1, 2, 3, 4}
     # Word problems pack their two learning rates x three seeds; MQRAR fills the GPU alone.
     assert {grid.task: grid.pack for grid in grids} == {"flipflop": 3, "a5": 6, "a4xz5": 6,
@@ -269,7 +270,7 @@ def test_shipped_sweep_files_resolve():
     for grid in grids:
         if grid.task in ("a5", "a4xz5", "z60"):
             assert grid.until_solved and len(grid.seeds) >= 3
-            task = grid.configs("cuda")[0]["task"]["config"]
+            task = grid.runs("cuda")[0].task.config
             assert task["eval_lengths"] == (2 * task["length"],)
             lengths.setdefault(grid.task, []).append(task["length"])
     assert lengths == {"a5": [4, 8, 12], "a4xz5": [4, 12], "z60": [4, 12]}
@@ -278,7 +279,7 @@ def test_shipped_sweep_files_resolve():
         assert file_settings["out"].startswith("results/runs/")
     _, heads = load_sweep_file(find_sweep_file("heads"))
     assert [(grid.task, grid.heads) for grid in heads] == [("flipflop", [1, 2, 4]), ("a5", [1, 2, 4])]
-    assert len(heads[1].configs("cuda")) == 3 * 4 * 3 * 2 * 3  # models x layers x heads x lrs x seeds
+    assert len(heads[1].runs("cuda")) == 3 * 4 * 3 * 2 * 3  # models x layers x heads x lrs x seeds
 
 
 def test_sweep_file_errors_name_the_problem(tmp_path):
@@ -298,20 +299,20 @@ def test_sweep_file_errors_name_the_problem(tmp_path):
         find_sweep_file("nosuch")
 
 
-def _fake_record(config, accuracy, test=None):
+def _fake_record(run, accuracy, test=None):
     """A finished run whose val accuracy is ``accuracy`` (and test accuracy ``test``, or the
     same)."""
-    return {"run_id": run_id(config), "status": "ok", "reason": None, "steps": 1,
+    return {"run_id": run.run_id, "status": "ok", "reason": None, "steps": 1,
             "primary_metric": "accuracy", "solved_threshold": 0.9,
             "validation": {"accuracy": accuracy},
             "metrics": {"test": {"accuracy": accuracy if test is None else test}},
-            "config": config, "provenance": {"wall_time_s": 0.1}}
+            "config": run.config, "provenance": {"wall_time_s": 0.1}}
 
 
 def test_runs_start_longest_first_then_seed_by_seed():
     grid = Grid(task="flipflop", models=["rope", "path"], layers=[1, 2], seeds=[0, 1], d_model=16)
-    order = [(c["model"]["layers"], c["seed"], c["model"]["attention"])
-             for c in in_run_order(grid.configs("cpu"))]
+    order = [(c.model.layers, c.seed, c.model.attention)
+             for c in in_run_order(grid.runs("cpu"))]
     assert order == [(2, 0, "rope"), (2, 0, "path"), (2, 1, "rope"), (2, 1, "path"),
                      (1, 0, "rope"), (1, 0, "path"), (1, 1, "rope"), (1, 1, "path")]
 
@@ -321,12 +322,12 @@ def test_packs_hold_runs_that_differ_only_in_seed_and_learning_rate():
 
     grid = Grid(task="flipflop", models=["rope", "path"], lrs=[1e-3, 3e-3], seeds=[0, 1, 2],
                 d_model=16)
-    packs = in_packs(in_run_order(grid.configs("cpu")), 4)
+    packs = in_packs(in_run_order(grid.runs("cpu")), 4)
     assert sorted(len(pack) for pack in packs) == [2, 2, 4, 4]
     for pack in packs:
-        assert len({config["model"]["attention"] for config in pack}) == 1
-    assert sorted(run_id(config) for pack in packs for config in pack) == sorted(
-        run_id(config) for config in grid.configs("cpu"))
+        assert len({run.model.attention for run in pack}) == 1
+    assert sorted(run.run_id for pack in packs for run in pack) == sorted(
+        run.run_id for run in grid.runs("cpu"))
 
 
 def _dry_run(grid, out, capsys):
@@ -338,31 +339,31 @@ def _dry_run(grid, out, capsys):
 def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path, capsys):
     grid = Grid(task="a5", models=["path", "rope"], layers=[1, 2, 3], lrs=[1e-3, 3e-4],
                 seeds=[0, 1], sets=["task.length=8"], until_solved=True)
-    configs = grid.configs("cpu")
+    runs = grid.runs("cpu")
     assert _dry_run(grid, tmp_path / "none yet", capsys) == {"todo": 24}  # nothing decided yet
     dropped = []
-    schedule = Schedule([(grid, configs)], tmp_path, dropped.extend)
+    schedule = Schedule([(grid, runs)], tmp_path, dropped.extend)
     seen_layers = []
     while (pack := schedule.next_pack()) is not None:
-        layers = pack[0]["model"]["layers"]
-        seen_layers.append((pack[0]["model"]["attention"], layers))
-        for config in pack:
+        layers = pack[0].model.layers
+        seen_layers.append((pack[0].model.attention, layers))
+        for run in pack:
             # path solves at 2 layers with the smaller learning rate only; rope never.
-            solved = (config["model"]["attention"] == "path" and layers >= 2
-                      and config["train"]["lr"] == 3e-4)
-            record = _fake_record(config, 0.95 if solved else 0.5)
-            store.write_json_atomic(tmp_path / run_id(config) / "result.json", record)
-            schedule.ended(run_id(config))
+            solved = (run.model.attention == "path" and layers >= 2
+                      and run.train.lr == 3e-4)
+            record = _fake_record(run, 0.95 if solved else 0.5)
+            store.write_json_atomic(tmp_path / run.run_id / "result.json", record)
+            schedule.ended(run.run_id)
     assert len(dropped) == 4  # path at 3 layers: 2 lrs x 2 seeds
-    assert all(c["model"]["layers"] == 3 and c["model"]["attention"] == "path" for c in dropped)
+    assert all(c.model.layers == 3 and c.model.attention == "path" for c in dropped)
     for model, depths in (("path", [1, 2]), ("rope", [1, 2, 3])):  # one layer count at a time
         assert [layers for name, layers in seen_layers if name == model] == sorted(depths * 4)
     # the records decide what is left: nothing, and the runs that will never be needed
     assert _dry_run(grid, tmp_path, capsys) == {"done": 20, "skip": 4}
     # an unneeded run recorded anyway (by an earlier sweep) is listed as done
-    unneeded = next(c for c in configs if c["model"]["attention"] == "path"
-                    and c["model"]["layers"] == 3 and c["train"]["lr"] == 3e-4)
-    store.write_json_atomic(tmp_path / run_id(unneeded) / "result.json", _fake_record(unneeded, 0.95))
+    unneeded = next(c for c in runs if c.model.attention == "path"
+                    and c.model.layers == 3 and c.train.lr == 3e-4)
+    store.write_json_atomic(tmp_path / unneeded.run_id / "result.json", _fake_record(unneeded, 0.95))
     assert _dry_run(grid, tmp_path, capsys) == {"done": 21, "skip": 3}
 
     table = aggregate(load_frame(tmp_path))
@@ -379,14 +380,14 @@ def test_scrambled_test_labels_change_no_decision(tmp_path, capsys):
     grid = Grid(task="a5", models=["path", "rope"], layers=[1, 2, 3], lrs=[1e-3, 3e-4],
                 seeds=[0, 1, 2], sets=["task.length=8"], until_solved=True)
     rng = __import__("random").Random(0)
-    for config in grid.configs("cpu"):
-        model, layers, lr = (config["model"]["attention"], config["model"]["layers"],
-                             config["train"]["lr"])
+    for run in grid.runs("cpu"):
+        model, layers, lr = (run.model.attention, run.model.layers,
+                             run.train.lr)
         val = 0.95 if model == "path" and layers >= 2 and lr == 3e-4 else 0.3 + 0.1 * layers
         if model == "path" and layers == 3:
             continue  # the sweep skipped these: path solved at 2 layers
-        store.write_json_atomic(tmp_path / run_id(config) / "result.json",
-                                _fake_record(config, val, test=val - 0.01))
+        store.write_json_atomic(tmp_path / run.run_id / "result.json",
+                                _fake_record(run, val, test=val - 0.01))
 
     def decisions():
         table = aggregate(load_frame(tmp_path))
@@ -406,11 +407,11 @@ def _write_cell(out, val, test=None, scored=None):
     """One a5 cell (path, 2 layers, length 8): a seed per value of ``val``."""
     grid = Grid(task="a5", models=["path"], layers=[2], seeds=list(range(len(val))),
                 sets=["task.length=8"])
-    for index, config in enumerate(grid.configs("cpu")):
-        record = _fake_record(config, val[index], None if test is None else test[index])
+    for index, run in enumerate(grid.runs("cpu")):
+        record = _fake_record(run, val[index], None if test is None else test[index])
         if scored is not None:
             record["metrics"]["test"]["scored"] = scored[index]
-        store.write_json_atomic(out / run_id(config) / "result.json", record)
+        store.write_json_atomic(out / run.run_id / "result.json", record)
 
 
 @pytest.mark.parametrize("accuracies, solved", [
@@ -476,20 +477,20 @@ def test_a_model_goes_deeper_without_waiting_for_others_and_grids_take_turns(tmp
     chains = Grid(task="a5", models=["path", "rope"], layers=[1, 2], seeds=[0, 1], pack=2,
                   sets=["task.length=8"], until_solved=True)
     plain = Grid(task="flipflop", models=["nope"], layers=[4], seeds=[0], d_model=16)
-    schedule = Schedule([(plain, plain.configs("cpu")), (chains, chains.configs("cpu"))],
-                         tmp_path, lambda configs: None)
+    schedule = Schedule([(plain, plain.runs("cpu")), (chains, chains.runs("cpu"))],
+                         tmp_path, lambda runs: None)
     first, second, third = (schedule.next_pack() for _ in range(3))
     # each grid in turn; the one-layer packs gate the two-layer ones, so the chains' grid,
     # tied with the plain one, goes first
-    assert [(p[0]["task"]["name"], p[0]["model"]["layers"]) for p in (first, second, third)] == [
+    assert [(p[0].task.name, p[0].model.layers) for p in (first, second, third)] == [
         ("a5", 1), ("flipflop", 4), ("a5", 1)]
     assert schedule.next_pack() is None  # nothing else may start yet
-    for config in third:  # one model's first layer count ends, the other's is still training
-        store.write_json_atomic(tmp_path / run_id(config) / "result.json", _fake_record(config, 0.5))
-        schedule.ended(run_id(config))
+    for run in third:  # one model's first layer count ends, the other's is still training
+        store.write_json_atomic(tmp_path / run.run_id / "result.json", _fake_record(run, 0.5))
+        schedule.ended(run.run_id)
     deeper = schedule.next_pack()
-    assert [(c["model"]["attention"], c["model"]["layers"]) for c in deeper] == [
-        (third[0]["model"]["attention"], 2)] * 2
+    assert [(c.model.attention, c.model.layers) for c in deeper] == [
+        (third[0].model.attention, 2)] * 2
     assert schedule.next_pack() is None
 
 
@@ -497,14 +498,14 @@ def test_a_solved_model_still_trains_deeper_runs_another_grid_needs(tmp_path, ca
     chain = Grid(task="a5", models=["rope"], layers=[1, 2], seeds=[0], sets=["task.length=8"],
                  until_solved=True)
     plain = Grid(task="a5", models=["rope"], layers=[2], seeds=[0], sets=["task.length=8"])
-    solved_first = chain.configs("cpu")[0]
-    assert solved_first["model"]["layers"] == 1
-    store.write_json_atomic(tmp_path / run_id(solved_first) / "result.json",
+    solved_first = chain.runs("cpu")[0]
+    assert solved_first.model.layers == 1
+    store.write_json_atomic(tmp_path / solved_first.run_id / "result.json",
                             _fake_record(solved_first, 0.95))
     dropped = []
-    schedule = Schedule([(chain, chain.configs("cpu")), (plain, plain.configs("cpu"))],
+    schedule = Schedule([(chain, chain.runs("cpu")), (plain, plain.runs("cpu"))],
                          tmp_path, dropped.extend)
-    assert [run_id(c) for c in schedule.next_pack()] == [run_id(plain.configs("cpu")[0])]
+    assert [c.run_id for c in schedule.next_pack()] == [plain.runs("cpu")[0].run_id]
     assert dropped == []
     run_grids([chain, plain], out=tmp_path, device="cpu", workers=1, executor="local",
               slurm_params={}, dry_run=True)
@@ -517,16 +518,16 @@ def test_runs_shared_by_two_grids_train_once_and_release_both(tmp_path):
     deep = Grid(task="a5", models=["rope"], layers=[1, 2], seeds=[0, 1], sets=["task.length=8"],
                 until_solved=True)
     shallow = Grid(task="a5", models=["rope"], layers=[1], seeds=[0, 1], sets=["task.length=8"])
-    schedule = Schedule([(deep, deep.configs("cpu")), (shallow, shallow.configs("cpu"))],
-                         tmp_path, lambda configs: None)
+    schedule = Schedule([(deep, deep.runs("cpu")), (shallow, shallow.runs("cpu"))],
+                         tmp_path, lambda runs: None)
     handed = []
     while (pack := schedule.next_pack()) is not None:
-        for config in pack:
-            handed.append(run_id(config))
-            store.write_json_atomic(tmp_path / run_id(config) / "result.json",
-                                    _fake_record(config, 0.5))
-            schedule.ended(run_id(config))
-    assert sorted(handed) == sorted(run_id(c) for c in deep.configs("cpu"))  # each once
+        for run in pack:
+            handed.append(run.run_id)
+            store.write_json_atomic(tmp_path / run.run_id / "result.json",
+                                    _fake_record(run, 0.5))
+            schedule.ended(run.run_id)
+    assert sorted(handed) == sorted(c.run_id for c in deep.runs("cpu"))  # each once
 
 
 # --- training data and schedule ----------------------------------------------------------------
@@ -631,13 +632,10 @@ class _Connection:
         self.sent.append(value)
 
 
-def _failing_runs(configs, out, progress):
-    """execute_runs for a GPU that fails every run (the executors module's run_id, which tests
-    may replace)."""
-    from pathbench.runners.sweep import executors
-
-    return [{"run_id": executors.run_id(config), "status": "failed", "reason": "AcceleratorError: CUDA error"}
-            for config in configs]
+def _failing_runs(runs, out, progress):
+    """execute_runs for a GPU that fails every run."""
+    return [{"run_id": run.run_id, "status": "failed", "reason": "AcceleratorError: CUDA error"}
+            for run in runs]
 
 
 @pytest.mark.parametrize("cuda_lost", [False, True])
@@ -646,9 +644,8 @@ def test_worker_leaves_when_a_failed_pack_took_the_gpu_with_it(monkeypatch, tmp_
 
     monkeypatch.setattr(executors, "execute_runs", _failing_runs)
     monkeypatch.setattr(executors, "_cuda_lost", lambda: cuda_lost)
-    monkeypatch.setattr(executors, "run_id", lambda config: config["name"])
-    connection = _Connection([([{"name": "a"}], str(tmp_path)), ([{"name": "b"}], str(tmp_path)),
-                              None])
+    connection = _Connection([([SimpleNamespace(run_id="a")], str(tmp_path)),
+                              ([SimpleNamespace(run_id="b")], str(tmp_path)), None])
     executors._serve(connection, threads=1)
     # The worker says whether its GPU is lost along with the pack's outcomes; then it takes no
     # second pack (the pool starts a fresh one in its place), or goes on.
@@ -667,8 +664,7 @@ def test_pool_replaces_a_worker_that_lost_its_gpu_and_loses_no_pack(monkeypatch,
     monkeypatch.setattr(executors, "_cuda_lost", lambda: True)
     fork = multiprocessing.get_context("fork")
     monkeypatch.setattr(executors.multiprocessing, "get_context", lambda method: fork)
-    monkeypatch.setattr(executors, "run_id", lambda config: config["name"])
-    packs = [[{"name": f"p{i}"}] for i in range(4)]
+    packs = [[SimpleNamespace(run_id=f"p{i}")] for i in range(4)]
     reported = []
     pool = executors.LocalPool(1)
     try:
@@ -690,7 +686,7 @@ def _forked_workers(monkeypatch, execute_runs):
     monkeypatch.setattr(executors.multiprocessing, "get_context", lambda method: fork)
 
 
-def _runs_forever(configs, out, progress):
+def _runs_forever(runs, out, progress):
     import time
 
     time.sleep(3600)
@@ -710,9 +706,8 @@ def test_a_worker_killed_mid_pack_reports_each_of_its_runs_lost(monkeypatch, tmp
     from pathbench.runners.sweep import executors
 
     _forked_workers(monkeypatch, _runs_forever)
-    monkeypatch.setattr(executors, "run_id", lambda config: config["name"])
     pool = executors.LocalPool(2)
-    handed = [[{"name": "a"}, {"name": "b"}]]
+    handed = [[SimpleNamespace(run_id="a"), SimpleNamespace(run_id="b")]]
 
     def next_pack():
         if handed:
@@ -734,13 +729,10 @@ def test_a_sweep_that_lost_runs_says_so_and_exits_1(monkeypatch, tmp_path, capsy
     """A worker dies on the pack of seed 1; the other pack is recorded."""
     import signal
 
-    from pathbench.runners.sweep import executors
-
-    def dies_on_seed_1(configs, out, progress):
-        if any(config["seed"] == 1 for config in configs):
+    def dies_on_seed_1(runs, out, progress):
+        if any(run.seed == 1 for run in runs):
             os.kill(os.getpid(), signal.SIGKILL)
-        return [{"run_id": run_id(config), "status": "ok", "reason": None}
-                for config in configs]
+        return [{"run_id": run.run_id, "status": "ok", "reason": None} for run in runs]
 
     _forked_workers(monkeypatch, dies_on_seed_1)
     code, stdout, stderr = cli(capsys, "sweep", "flipflop", "--models", "rope", "--seeds", "0,1",
@@ -764,14 +756,16 @@ def test_sweep_in_one_process_stops_when_a_failed_pack_took_the_gpu(monkeypatch,
 
 def test_tasks_bring_their_cpu_presets():
     """A task's presets lie over its run_defaults under the cpu preset."""
-    cpu, paper = (resolve_run("mqrar", device="cpu"), resolve_run("mqrar", device="cuda"))
+    cpu, paper = (resolve_run("mqrar", device="cpu").config,
+                  resolve_run("mqrar", device="cuda").config)
     assert (cpu["task"]["config"]["length"], cpu["task"]["config"]["num_keys"]) == (64, 4)
     assert cpu["model"]["d_model"] == 64 and cpu["train"]["steps"] == 600
     assert paper["task"]["config"]["length"] == 768 and paper["model"]["d_model"] == 256
-    a5, paper_a5 = resolve_run("a5", device="cpu"), resolve_run("a5", device="cpu", preset="paper")
+    a5 = resolve_run("a5", device="cpu").config
+    paper_a5 = resolve_run("a5", device="cpu", preset="paper").config
     assert a5["task"]["config"]["length"] == 3 and paper_a5["task"]["config"]["length"] == 20
     assert a5["train"]["schedule"] == "constant" and a5["model"] == paper_a5["model"]
-    s5 = resolve_run("s5", device="cpu")  # S5 has its own: words of 2, one layer
+    s5 = resolve_run("s5", device="cpu").config  # S5 has its own: words of 2, one layer
     assert (s5["task"]["config"]["length"], s5["model"]["layers"]) == (2, 1)
     from pathbench.registry import BUILTIN
     from pathbench.tasks import TASKS

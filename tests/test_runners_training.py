@@ -151,11 +151,11 @@ def test_runs_of_an_unpackable_model_train_one_after_another(tmp_path, monkeypat
         raise pack.NotPackable("a plugin module")
 
     monkeypatch.setattr(pack, "pack_models", refuse)
-    configs = [resolve_run("flipflop", options={"model": "nope", "d_model": 16, "steps": 4,
-                                                "batch_size": 8},
-                           sets={"task": {"length": "16"}, "train": {"eval_num": "16"}},
-                           seed=seed, device="cpu", preset=None) for seed in (0, 1)]
-    records = execute_runs(configs, tmp_path, progress=False)
+    runs = [resolve_run("flipflop", options={"model": "nope", "d_model": 16, "steps": 4,
+                                             "batch_size": 8},
+                        sets={"task": {"length": "16"}, "train": {"eval_num": "16"}},
+                        seed=seed, device="cpu", preset=None) for seed in (0, 1)]
+    records = execute_runs(runs, tmp_path, progress=False)
     assert [record["status"] for record in records] == ["ok", "ok"]
     assert all((tmp_path / record["run_id"] / "model.pt").exists() for record in records)
     weights = [torch.load(tmp_path / record["run_id"] / "model.pt")["state_dict"]

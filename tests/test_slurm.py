@@ -27,7 +27,6 @@ from conftest import cli, sweep_counts
 
 from pathbench import UserError
 from pathbench.runners.sweep import executors
-from pathbench.runners.training.config import run_id
 from pathbench.runners.sweep.executors import QueueWatch, run_slurm, squeue
 from pathbench.runners.sweep.grid import Grid
 from pathbench.runners.sweep.orchestrate import run_grids
@@ -70,8 +69,8 @@ class FakeJob:
         return self.ends is not None and self.clock.now >= self.ends
 
     def result(self):
-        return [{"run_id": run_id(config), "status": "ok", "reason": None}
-                for config in self.pack]
+        return [{"run_id": run.run_id, "status": "ok", "reason": None}
+                for run in self.pack]
 
 
 def fake_slurm(monkeypatch, clock, ends, queue_says):
@@ -114,7 +113,7 @@ def running_until_done(job):
 
 
 def packs_of(grid):
-    packs = iter([[config] for config in grid.configs("cpu")])
+    packs = iter([[run] for run in grid.runs("cpu")])
     return lambda: next(packs, None)
 
 
@@ -136,7 +135,7 @@ def test_slurm_keeps_at_most_workers_jobs_in_flight(tmp_path, monkeypatch, clock
     grid = Grid(task="flipflop", models=["nope", "rope", "path"], seeds=[0, 1], d_model=16)
     run_slurm(packs_of(grid), tmp_path, 2, {}, report)
     assert len(jobs) == 6 and most[0] == 2
-    assert sorted(reported) == sorted((run_id(c), "ok") for c in grid.configs("cpu"))
+    assert sorted(reported) == sorted((run.run_id, "ok") for run in grid.runs("cpu"))
 
 
 def test_jobs_that_leave_the_queue_without_a_result_are_lost_once_each(tmp_path, monkeypatch,
@@ -154,7 +153,7 @@ def test_jobs_that_leave_the_queue_without_a_result_are_lost_once_each(tmp_path,
 
     grid = Grid(task="flipflop", models=["nope", "rope"], seeds=[0, 1], d_model=16)
     run_slurm(packs_of(grid), tmp_path, 4, {}, report)
-    names = [run_id(job.pack[0]) for job in jobs]
+    names = [job.pack[0].run_id for job in jobs]
     assert {name: status for name, (status, _) in reported.items()} == {
         names[0]: "ok", names[1]: None, names[2]: None, names[3]: "ok"}
     for lost in names[1:3]:  # noticed after the grace, within a poll more
@@ -221,7 +220,7 @@ def test_dry_run_shows_the_slurm_jobs(tmp_path, capsys):
     grid = Grid(task="flipflop", models=["rope"], seeds=[0, 1, 2], d_model=16, pack=2)
     run_grids([grid], out=tmp_path, device="cpu", workers=4, executor="slurm", slurm_params={},
               dry_run=True)
-    names = [run_id(config) for config in grid.configs("cpu")]
+    names = [run.run_id for run in grid.runs("cpu")]
     lines = capsys.readouterr().out.splitlines()
     assert lines[-3:] == ["2 Slurm jobs, at most 4 at a time:",
                           f"job 1: {names[0]}, {names[1]} (pack of 2)",

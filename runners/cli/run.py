@@ -8,7 +8,7 @@ from pathbench import UserError
 from pathbench.files import check_writable
 from pathbench.runners.cli.options import shared_options
 from pathbench.runners.training import store
-from pathbench.runners.training.config import parse_sets, resolve_device, resolve_run, run_id
+from pathbench.runners.training.config import parse_sets, resolve_device, resolve_run
 
 
 def summary_table(record: dict) -> str:
@@ -60,28 +60,27 @@ def run(task, model, layers, heads, lr, seed, force, d_model, steps, batch_size,
     1 if the run diverged or failed (the record says why).
     """
     device = resolve_device(device)
-    config = resolve_run(
+    resolved = resolve_run(
         task,
         options={"model": model, "layers": layers, "heads": heads, "d_model": d_model,
                  "steps": steps, "batch_size": batch_size, "lr": lr},
         sets=parse_sets(sets), seed=seed, device=device, preset=preset,
     )
-    run_dir = out / run_id(config)
+    run_dir = out / resolved.run_id
     if not force and store.is_done(run_dir):
         raise UserError(f"{run_dir} already holds this run, finished; `pathbench results "
                         f"{run_dir}` shows it, and --force trains it again, replacing it")
     check_writable(out)
-    model_cfg, train_cfg = config["model"], config["train"]
+    model_cfg, train_cfg = resolved.model, resolved.train
     click.echo(
-        f"{task}: {model_cfg['attention']}, layers {model_cfg['layers']}, heads "
-        f"{model_cfg['heads']}, d_model {model_cfg['d_model']}; steps {train_cfg['steps']}, "
-        f"batch {train_cfg['batch_size']}, lr {train_cfg['lr']:g}; {config['preset']} preset "
-        f"on {device}",
+        f"{task}: {model_cfg.attention}, layers {model_cfg.layers}, heads {model_cfg.heads}, "
+        f"d_model {model_cfg.d_model}; steps {train_cfg.steps}, batch {train_cfg.batch_size}, "
+        f"lr {train_cfg.lr:g}; {resolved.preset} preset on {device}",
         err=True,
     )
     from pathbench.runners.training.execute import execute_run  # imports torch
 
-    record = execute_run(config, out)
+    record = execute_run(resolved, out)
     click.echo(describe(record))
     table = summary_table(record)
     if table:

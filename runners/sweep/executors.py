@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from pathbench import UserError
 from pathbench.registry import Registry
-from pathbench.runners.training.config import resolve_device, run_id
+from pathbench.runners.training.config import Run, resolve_device
 from pathbench.runners.training.execute import execute_runs
 
 # The outcome counted when a sweep training in its own process stops because a failed run left
@@ -85,8 +85,8 @@ def _serve(connection, threads: int) -> None:
     torch.set_num_threads(threads)
     try:
         while (message := connection.recv()) is not None:
-            configs, out = message
-            records = execute_runs(configs, Path(out), progress=False)
+            runs, out = message
+            records = execute_runs(runs, Path(out), progress=False)
             gpu_lost = _gpu_lost(records)
             connection.send((_summaries(records), gpu_lost))
             if gpu_lost:
@@ -155,7 +155,7 @@ class LocalPool:
                     break
                 if not worker.process.is_alive():  # it died while idle
                     self.workers[index] = worker = _Worker(self.context, self.threads)
-                worker.runs = [run_id(config) for config in pack]
+                worker.runs = [run.run_id for run in pack]
                 worker.connection.send((pack, str(out)))
             busy = [worker for worker in self.workers if worker.runs]
             if not busy:
@@ -191,13 +191,13 @@ class LocalPool:
                 worker.process.kill()
 
 
-def _submitit_job(configs: list[dict], out: str) -> list[dict]:
+def _submitit_job(runs: list[Run], out: str) -> list[dict]:
     # submitit signals USR2 `signal_delay_s` before the time limit and, for a function that
     # cannot checkpoint, raises inside it: the pack's runs would be recorded as crashed. They
     # cannot resume anyway, so they train on until Slurm ends the job, which the sweep then
     # reports as lost (TIMEOUT).
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    return _summaries(execute_runs(configs, Path(out), progress=False))
+    return _summaries(execute_runs(runs, Path(out), progress=False))
 
 
 # How often squeue is asked about the jobs in flight, and how long a job may have been out of
@@ -295,7 +295,7 @@ def run_slurm(next_pack, out: Path, workers: int, params: dict, report) -> None:
             except submitit.core.utils.FailedJobError as exc:  # sbatch's error, printed above
                 reason = str(exc).strip().splitlines()[-1].removeprefix("sbatch: error: ")
                 raise UserError(f"sbatch refused the job: {reason}") from None
-            remaining.update(zip(jobs, ([run_id(config) for config in pack] for pack in packs)))
+            remaining.update(zip(jobs, ([run.run_id for run in pack] for pack in packs)))
         if not remaining:
             return
         # Job.done() would ask sacct, which fails without accounting (a warning each time)

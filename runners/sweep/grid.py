@@ -21,8 +21,8 @@ from pathbench.runners.training.config import (
     parse_float_list,
     parse_int_list,
     parse_sets,
+    Run,
     resolve_run,
-    run_id,
 )
 
 SWEEPS_DIR = Path(__file__).parent / "files"
@@ -47,7 +47,7 @@ class Grid:
     until_solved: bool = False
     pack: int = 1  # runs trained as one model (those differing only in seed and lr)
 
-    def configs(self, device: str) -> list[dict]:
+    def runs(self, device: str) -> list[Run]:
         """Every grid point, resolved; duplicates (same run id) appear once."""
         if self.until_solved:
             from pathbench.tasks import make_task
@@ -58,20 +58,20 @@ class Grid:
         axes = [self.models or [None], self.layers or [None], self.heads or [None],
                 self.lrs or [None], self.seeds]
         extra_keys = list(self.grid)
-        configs = {}
+        runs = {}
         for model, layers, heads, lr, seed, *extra in itertools.product(
             *axes, *(self.grid[key] for key in extra_keys)
         ):
             sets = parse_sets([*self.sets, *(f"{k}={v}" for k, v in zip(extra_keys, extra))])
-            config = resolve_run(
+            run = resolve_run(
                 self.task,
                 options={"model": model, "layers": layers, "heads": heads, "lr": lr,
                          "d_model": self.d_model, "steps": self.steps,
                          "batch_size": self.batch_size},
                 sets=sets, seed=seed, device=device, preset=self.preset,
             )
-            configs.setdefault(run_id(config), config)
-        return list(configs.values())
+            runs.setdefault(run.run_id, run)
+        return list(runs.values())
 
 
 def parse_grid_options(items) -> dict[str, list[str]]:

@@ -30,7 +30,7 @@ from pathbench.files import check_writable
 from pathbench.runners.sweep.executors import EXECUTORS, GPU_LOST
 from pathbench.runners.sweep.grid import Grid
 from pathbench.runners.sweep.schedule import Schedule, is_done
-from pathbench.runners.training.config import run_id
+from pathbench.runners.training.config import Run
 
 SKIPPED = "skipped (solved at fewer layers)"
 # The order of the outcomes in the closing summary, whatever order the runs ended in.
@@ -51,32 +51,32 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
         raise UserError(f"--workers must be >= 1, got {workers}")
     runner = EXECUTORS.get(executor)(workers, slurm_params)
     device = runner.device(device)
-    planned = [(grid, grid.configs(device)) for grid in grids]
+    planned = [(grid, grid.runs(device)) for grid in grids]
     if not dry_run:
         check_writable(out)
-    total = sum(len(configs) for _, configs in planned)
+    total = sum(len(runs) for _, runs in planned)
     counts: Counter = Counter()
     done: set[str] = set()
-    for grid, configs in planned:
-        done_here = {run_id(config) for config in configs
-                     if is_done(out / run_id(config), set_aside=not dry_run)}
+    for grid, runs in planned:
+        done_here = {run.run_id for run in runs
+                     if is_done(out / run.run_id, set_aside=not dry_run)}
         done |= done_here
         counts["already done"] += len(done_here)
-        click.echo(f"sweep {grid.task}: {len(configs)} runs, {len(done_here)} already done",
+        click.echo(f"sweep {grid.task}: {len(runs)} runs, {len(done_here)} already done",
                    err=True)
     if dry_run:
         # what a run would do now: skip a deeper layer count already known to be unnecessary
         dropped: set[str] = set()
-        schedule = Schedule(planned, out, lambda configs: dropped.update(map(run_id, configs)),
+        schedule = Schedule(planned, out, lambda runs: dropped.update(run.run_id for run in runs),
                             dry_run=True)
         packs = []
         while (pack := schedule.next_pack()) is not None:
-            packs.append([run_id(config) for config in pack])
-            for config in pack:  # as if it had ended without a record
-                schedule.ended(run_id(config))
-        for _, configs in planned:
-            for config in configs:
-                name = run_id(config)
+            packs.append([run.run_id for run in pack])
+            for run in pack:  # as if it had ended without a record
+                schedule.ended(run.run_id)
+        for _, runs in planned:
+            for run in runs:
+                name = run.run_id
                 needless = name in dropped and name not in schedule.handed_out
                 mark = "done" if name in done else "skip" if needless else "todo"
                 reason = "  (solved at fewer layers)" if mark == "skip" else ""
@@ -88,9 +88,9 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
     bar = tqdm(total=total, initial=counts["already done"], desc="sweep", unit="run",
                dynamic_ncols=True)
 
-    def skip(configs: list[dict]) -> None:
-        counts[SKIPPED] += len(configs)
-        bar.total -= len(configs)
+    def skip(runs: list[Run]) -> None:
+        counts[SKIPPED] += len(runs)
+        bar.total -= len(runs)
         bar.refresh()
 
     schedule = Schedule(planned, out, skip)

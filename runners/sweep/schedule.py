@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from pathbench.runners.training import store
-from pathbench.runners.training.config import cell_key, run_id
+from pathbench.runners.training.config import Run
 from pathbench.runners.sweep.grid import Grid
 
 
@@ -37,11 +37,11 @@ class Schedule:
     longest runs.
     """
 
-    def __init__(self, planned: list[tuple[Grid, list[dict]]], out: Path, drop,
+    def __init__(self, planned: list[tuple[Grid, list[Run]]], out: Path, drop,
                  dry_run: bool = False):
         self.out, self.dry_run = out, dry_run
         self.drop = drop  # called with the runs (not yet done) that a solved model never needs
-        self.ready: list[tuple[int, tuple, list[dict]]] = []  # (grid number, priority, pack)
+        self.ready: list[tuple[int, tuple, list[Run]]] = []  # (grid number, priority, pack)
         self.turns: dict[int, int] = {}  # grid number -> packs handed out
         # run id -> the chains waiting for it, for each run handed out and not ended (two
         # grids of one sweep may share runs; each is trained once)
@@ -49,19 +49,19 @@ class Schedule:
         self.handed_out: set[str] = set()  # every run id ever queued
         # plain grids first: a run one of them needs is never dropped by a chain
         numbered = sorted(enumerate(planned), key=lambda item: item[1][0].until_solved)
-        for number, (grid, configs) in numbered:
+        for number, (grid, runs) in numbered:
             self.turns[number] = 0
             if not grid.until_solved:
-                self._advance(_Chain(grid, number, [configs]))
+                self._advance(_Chain(grid, number, [runs]))
                 continue
-            cells: dict[str, dict[int, list[dict]]] = {}
-            for config in configs:
-                depths = cells.setdefault(cell_key(config, with_layers=False), {})
-                depths.setdefault(config["model"]["layers"], []).append(config)
+            cells: dict[str, dict[int, list[Run]]] = {}
+            for run in runs:
+                depths = cells.setdefault(run.cell_key(with_layers=False), {})
+                depths.setdefault(run.model.layers, []).append(run)
             for depths in cells.values():
                 self._advance(_Chain(grid, number, [depths[n] for n in sorted(depths)]))
 
-    def next_pack(self) -> list[dict] | None:
+    def next_pack(self) -> list[Run] | None:
         """The pack to train next, or None while none may start."""
         if not self.ready:
             return None
@@ -83,71 +83,71 @@ class Schedule:
         """Hand out the chain's next step that has runs to do, or drop the rest if solved."""
         while chain.steps:
             if chain.last is not None and chain.grid.until_solved and self._solved(chain.last):
-                self.drop([config for step in chain.steps for config in step
-                           if run_id(config) not in self.handed_out
-                           and not self._done(config)])
+                self.drop([run for step in chain.steps for run in step
+                           if run.run_id not in self.handed_out
+                           and not self._done(run)])
                 chain.steps = []
                 return
             chain.last = step = chain.steps.pop(0)
-            todo = [config for config in step if not self._done(config)]
-            new = [config for config in todo if run_id(config) not in self.waiting]
-            self.handed_out.update(run_id(config) for config in new)
+            todo = [run for run in step if not self._done(run)]
+            new = [run for run in todo if run.run_id not in self.waiting]
+            self.handed_out.update(run.run_id for run in new)
             steps_ahead = len(chain.steps) + 1 if chain.grid.until_solved else 0
             for pack in in_packs(in_run_order(new), chain.grid.pack):
                 self.ready.append((chain.number, (-steps_ahead, *_run_order(pack[0])), pack))
-            chain.running = {run_id(config) for config in todo}
+            chain.running = {run.run_id for run in todo}
             for name in chain.running:
                 self.waiting.setdefault(name, []).append(chain)
             if chain.running:
                 return
 
-    def _done(self, config: dict) -> bool:
-        return is_done(self.out / run_id(config), set_aside=not self.dry_run)
+    def _done(self, run: dict) -> bool:
+        return is_done(self.out / run.run_id, set_aside=not self.dry_run)
 
-    def _solved(self, step: list[dict]) -> bool:
+    def _solved(self, step: list[Run]) -> bool:
         from pathbench.runners.analysis.cells import solved_cells  # pandas: only when asked
         from pathbench.runners.analysis.records import load_frame
 
-        recorded = {run_id(config) for config in step if self._done(config)}
+        recorded = {run.run_id for run in step if self._done(run)}
         if not recorded:  # a dry run before any record, or every worker died
             return False
-        return cell_key(step[0], with_layers=False) in solved_cells(load_frame(self.out, recorded))
+        return step[0].cell_key(with_layers=False) in solved_cells(load_frame(self.out, recorded))
 
 
 @dataclass
 class _Chain:
     grid: Grid
     number: int  # the grid's place in the sweep, for taking turns
-    steps: list[list[dict]]  # the steps not yet handed out, in order
-    last: list[dict] | None = None  # the step handed out (or found done) last
+    steps: list[list[Run]]  # the steps not yet handed out, in order
+    last: list[Run] | None = None  # the step handed out (or found done) last
     running: set[str] = field(default_factory=set)  # its runs that have not ended
 
 
-def in_run_order(configs: list[dict]) -> list[dict]:
+def in_run_order(runs: list[Run]) -> list[Run]:
     """Longest runs first, so that the last ones to finish are short; among equals, seed 0 of
     every configuration before any seed 1, so that a sweep cut short has every cell."""
-    return sorted(configs, key=_run_order)
+    return sorted(runs, key=_run_order)
 
 
-def _run_order(config: dict) -> tuple:
-    return -run_cost(config), config["seed"]
+def _run_order(run: dict) -> tuple:
+    return -run_cost(run), run.seed
 
 
-def in_packs(configs: list[dict], size: int) -> list[list[dict]]:
+def in_packs(runs: list[Run], size: int) -> list[list[Run]]:
     """Runs that differ only in seed and learning rate, grouped in packs of up to ``size``, in
     the order of each pack's first run."""
-    groups: dict[str, list[dict]] = {}
-    for config in configs:
-        groups.setdefault(cell_key(config), []).append(config)
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.cell_key(), []).append(run)
     return [group[start : start + size] for group in groups.values()
             for start in range(0, len(group), size)]
 
 
-def run_cost(config: dict) -> int:
+def run_cost(run: dict) -> int:
     """A rough measure of a run's work: tokens trained times layers times width."""
-    train, model = config["train"], config["model"]
-    length = config["task"]["config"].get("length", 1)
-    return train["steps"] * train["batch_size"] * length * model["layers"] * model["d_model"]
+    train, model = run.train, run.model
+    length = run.task.length or 1
+    return train.steps * train.batch_size * length * model.layers * model.d_model
 
 
 def is_done(run_dir: Path, set_aside: bool = True) -> bool:

@@ -1,6 +1,8 @@
 """Resolution of a run's configuration, and the parsing of the options that feed it.
 
-A run is fully described by one JSON object (``config.json`` of its run directory)::
+`resolve_run` gives a `Run`: the task (built once, here), the model and training settings, the
+seed, preset and device; it travels as it is from the command line or the sweep to training.
+Its JSON form, ``Run.config`` (``config.json`` of its run directory), is::
 
     {"task":  {"name": ..., "version": ..., "config": {...}},
      "model": {...every ModelConfig field...},
@@ -28,16 +30,21 @@ The device and the preset are not part of it: the preset's effect is already in 
 from __future__ import annotations
 
 import dataclasses
-import os
 import math
+import os
 import typing
 from dataclasses import dataclass, field
-from typing import Iterable
+from functools import cached_property
+from typing import TYPE_CHECKING, Iterable
 
 from pathbench import UserError
 from pathbench.runners.training.store import canonical_json, config_digest
 from pathbench.settings import coerce
 from pathbench.tasks import PRESETS
+
+if TYPE_CHECKING:
+    from pathbench.models import ModelConfig
+    from pathbench.tasks import Task
 
 SECTIONS = ("task", "model", "train")
 DEVICES = ("auto", "cpu", "cuda")
@@ -99,6 +106,39 @@ def train_config(values: dict) -> TrainConfig:
     config = TrainConfig(**typed)
     _check_train(config)
     return config
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """One run, resolved: its task (built), model and training settings, seed, preset (which
+    setting size the values came from) and device. ``config`` is its JSON form, ``run_id`` its
+    name."""
+
+    task: Task
+    model: ModelConfig
+    train: TrainConfig
+    seed: int
+    preset: str
+    device: str
+
+    @cached_property
+    def config(self) -> dict:
+        return {
+            "task": {"name": self.task.name, "version": self.task.version,
+                     "config": dict(self.task.config)},
+            "model": dataclasses.asdict(self.model),
+            "train": dataclasses.asdict(self.train),
+            "seed": self.seed,
+            "preset": self.preset,
+            "device": self.device,
+        }
+
+    @cached_property
+    def run_id(self) -> str:
+        return run_id(self.config)
+
+    def cell_key(self, *, with_layers: bool = True) -> str:
+        return cell_key(self.config, with_layers=with_layers)
 
 
 # --- option parsing -------------------------------------------------------------------------
@@ -179,8 +219,8 @@ def resolve_run(
     seed: int = 0,
     device: str = "cpu",
     preset: str | None = None,
-) -> dict:
-    """The fully resolved configuration of one run (see the module docstring).
+) -> Run:
+    """One run, resolved (see the module docstring).
 
     ``options`` holds the command-line options that were given (model, layers, heads, d_model,
     steps, batch_size, lr); ``device`` must already be resolved ("cpu" or "cuda").
@@ -238,20 +278,14 @@ def resolve_run(
                         f"does not evaluate; valid splits: {', '.join(task.splits[1:])}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise UserError(f"seed must be a non-negative integer, got {seed!r}")
-    return {
-        "task": {"name": task.name, "version": task.version, "config": dict(task.config)},
-        "model": dataclasses.asdict(model),
-        "train": dataclasses.asdict(train),
-        "seed": seed,
-        "preset": preset,
-        "device": device,
-    }
+    return Run(task, model, train, seed, preset, device)
 
 
 def cell_key(config: dict, *, with_layers: bool = True) -> str:
-    """The identity of a run's cell: its whole config except the seed and learning rate (and,
-    for ``sweep --until-solved``, the layer count). Runs of one cell differ only in what a pack
-    lets its members differ in (``pathbench.models.pack``)."""
+    """The identity of a run's cell, from its JSON form (`Run.config`, or a record's "config"):
+    its whole config except the seed and learning rate (and, for ``sweep --until-solved``, the
+    layer count). Runs of one cell differ only in what a pack lets its members differ in
+    (``pathbench.models.pack``)."""
     model = dict(config["model"])
     train = {key: value for key, value in config["train"].items() if key != "lr"}
     if not with_layers:
@@ -260,7 +294,8 @@ def cell_key(config: dict, *, with_layers: bool = True) -> str:
 
 
 def run_id(config: dict) -> str:
-    """``flipflop-path-L1-H2-D64-lr0.001-s0-3f2a9c41d0``: readable, and unique per config."""
+    """``flipflop-path-L1-H2-D64-lr0.001-s0-3f2a9c41d0``, from a run's JSON form: readable, and
+    unique per config."""
     identity = {key: config[key] for key in ("task", "model", "train", "seed")}
     model, train = config["model"], config["train"]
     return (

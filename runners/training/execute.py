@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pathbench
 from pathbench.runners.training import store
-from pathbench.runners.training.config import DECISIONS, cell_key, run_id, train_config
+from pathbench.runners.training.config import DECISIONS, Run
 
 
 @functools.lru_cache(maxsize=1)
@@ -54,7 +54,7 @@ def _package_version(name: str) -> str | None:
         return None
 
 
-def plugin_provenance(config: dict) -> dict:
+def plugin_provenance(run: Run) -> dict:
     """The task and attention of a run that come from other packages: {"task": {"name",
     "package", "version"}, "attention": {...}}; empty for built-ins."""
     from pathbench.models import ATTENTIONS
@@ -62,8 +62,8 @@ def plugin_provenance(config: dict) -> dict:
     from pathbench.tasks import TASKS
 
     plugins = {}
-    for kind, registry, name in (("task", TASKS, config["task"]["name"]),
-                                 ("attention", ATTENTIONS, config["model"]["attention"])):
+    for kind, registry, name in (("task", TASKS, run.task.name),
+                                 ("attention", ATTENTIONS, run.model.attention)):
         package = registry.origin(name)
         if package != BUILTIN:
             plugins[kind] = {"name": name, "package": package,
@@ -71,13 +71,13 @@ def plugin_provenance(config: dict) -> dict:
     return plugins
 
 
-def execute_run(config: dict, out: Path, progress: bool = True) -> dict:
-    """Run one resolved configuration into ``out/<run_id>/`` and return its result record."""
-    return execute_runs([config], out, progress)[0]
+def execute_run(run: Run, out: Path, progress: bool = True) -> dict:
+    """Train and evaluate one run into ``out/<run_id>/`` and return its result record."""
+    return execute_runs([run], out, progress)[0]
 
 
-def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[dict]:
-    """Run resolved configurations that differ only in seed and learning rate as one pack
+def execute_runs(runs: list[Run], out: Path, progress: bool = True) -> list[dict]:
+    """Train runs that differ only in seed and learning rate as one pack
     (``pathbench.models.pack``), each into its own ``out/<run_id>/``; their result records.
 
     A model that cannot be packed (a plugin module of unknown kind) trains its runs one after
@@ -85,24 +85,23 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
     """
     import torch
 
-    from pathbench.models import build_model, model_config
+    from pathbench.models import build_model
     from pathbench.models.pack import NotPackable, pack_models
     from pathbench.runners.training.loop import Member, activation_dtype, train
-    from pathbench.tasks import make_task
 
-    if len({(cell_key(config), config["device"]) for config in configs}) != 1:
+    if len({(run.cell_key(), run.device) for run in runs}) != 1:
         raise ValueError("a pack's runs must differ only in seed and learning rate")
-    shared = configs[0]
-    run_dirs = [Path(out) / run_id(config) for config in configs]
-    for config, run_dir in zip(configs, run_dirs):
+    shared = runs[0]
+    run_dirs = [Path(out) / run.run_id for run in runs]
+    for run, run_dir in zip(runs, run_dirs):
         run_dir.mkdir(parents=True, exist_ok=True)
         # A rerun of the same configuration starts clean: without result.json it counts as not
         # done, and no weights of an earlier attempt stay behind.
         (run_dir / store.RESULT_FILE).unlink(missing_ok=True)
         (run_dir / store.WEIGHTS_FILE).unlink(missing_ok=True)
-        store.write_json_atomic(run_dir / store.CONFIG_FILE, config)
+        store.write_json_atomic(run_dir / store.CONFIG_FILE, run.config)
     curves = [store.CurveWriter(run_dir) for run_dir in run_dirs]
-    device = torch.device(shared["device"])
+    device = torch.device(shared.device)
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
     shared_provenance = {
@@ -111,18 +110,18 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
         "torch_version": torch.__version__,
         "triton_version": _package_version("triton"),
         "python_version": platform.python_version(),
-        "device": shared["device"],
+        "device": shared.device,
         "device_name": device_name(device),
-        "task_version": shared["task"]["version"],
+        "task_version": shared.task.version,
         "attention_backend": None,  # what computed the attention: "torch" or "triton"
         "plugins": plugin_provenance(shared),
         "dataset_hash": None,
     }
     records = []
-    for config, run_dir in zip(configs, run_dirs):
+    for run, run_dir in zip(runs, run_dirs):
         provenance = {
             **shared_provenance,
-            "seed": config["seed"],
+            "seed": run.seed,
             "started_at": started.isoformat(timespec="seconds"),
             "wall_time_s": None,
             "pack": [directory.name for directory in run_dirs],
@@ -131,30 +130,26 @@ def execute_runs(configs: list[dict], out: Path, progress: bool = True) -> list[
                         "stopped_early": False, "primary_metric": None,
                         "solved_threshold": None, "metrics": {}, "validation": {},
                         "baselines": {}, "decisions": DECISIONS,
-                        "config": config, "provenance": provenance})
+                        "config": run.config, "provenance": provenance})
     try:
-        task = make_task(shared["task"]["name"], shared["task"]["config"])
-        if task.version != shared["task"]["version"]:
-            raise RuntimeError(f"task version is {task.version}, the config was resolved "
-                               f"against {shared['task']['version']}")
+        task = shared.task
         models = []
-        for config in configs:
-            torch.manual_seed(config["seed"])
-            models.append(build_model(model_config(config["model"])))
+        for run in runs:
+            torch.manual_seed(run.seed)
+            models.append(build_model(run.model))
         backend = models[0].attention_backend(device, activation_dtype(device))
         for record in records:
             record["provenance"]["attention_backend"] = backend
         try:
-            packs = [(pack_models(models), list(range(len(configs))))]
+            packs = [(pack_models(models), list(range(len(runs))))]
         except NotPackable:
             packs = [(model, [index]) for index, model in enumerate(models)]
         for model, indices in packs:
-            members = [Member(configs[i]["seed"], configs[i]["train"]["lr"], curves[i])
-                       for i in indices]
+            members = [Member(runs[i].seed, runs[i].train.lr, curves[i]) for i in indices]
             label = run_dirs[indices[0]].name + (f" +{len(indices) - 1}" if len(indices) > 1
                                                  else "")
-            outcomes = train(model, task, train_config(shared["train"]), members, device,
-                             progress=progress, label=label)
+            outcomes = train(model, task, shared.train, members, device, progress=progress,
+                             label=label)
             for index, outcome in zip(indices, outcomes):
                 _record_outcome(records[index], outcome, task, run_dirs[index])
     except Exception as exc:  # any crash of these runs is recorded, the caller goes on
