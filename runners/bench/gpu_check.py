@@ -3,18 +3,16 @@
 1. For fox, path and path_fox models (2 layers) on CUDA: one training step's loss and every
    parameter gradient with the default backend (the Triton kernel) against the torch
    blockwise backend, in float32.
-2. A 2-layer path model trains --steps steps on flip-flop in bfloat16 autocast on the GPU, with
-   two heads of 32 and again with two of 128 (where the kernel's block-local products take
-   float16 operands), with `pathbench run`'s optimiser settings (AdamW with betas 0.9 and 0.98,
-   warm-up then cosine decay); every loss must be finite. Prints the loss curve and the final
-   training accuracy.
+2. A 2-layer path model trains --steps steps on flip-flop through the library's training loop
+   (`pathbench.runners.training.loop.train`: bfloat16 autocast, compiled, replayed as a CUDA
+   graph, as `pathbench run` trains), with two heads of 32 and again with two of 128 (where the
+   kernel's block-local products take float16 operands); no loss may be non-finite. Prints the
+   curve: training loss and accuracy, and validation accuracy.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import math
 import time
 
 import torch
@@ -67,60 +65,31 @@ def check_against_torch(B=8, T=300, vocab=16):
     return ok
 
 
-def _optimizer(model, lr, steps):
-    """AdamW and its schedule as `pathbench run` trains: betas 0.9 and 0.98, warm-up then cosine
-    decay."""
-    from pathbench.runners.training.loop import lr_factor
-
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.98))
-    schedule = functools.partial(lr_factor, total=steps, warmup=WARM_UP_STEPS)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-
-
 def train_bf16(steps=2000, B=32, T=512, lr=1e-3, beta_max=2.0, head_dim=32):
+    """A 2-layer path model trained on flip-flop by the library's loop, as `pathbench run`
+    trains on CUDA (bf16 autocast, compiled, replayed as a CUDA graph): ok when no loss was
+    non-finite (the loop ends such a run as "diverged")."""
+    from pathbench.runners.training.config import train_config
+    from pathbench.runners.training.loop import Member, train
     from pathbench.tasks import make_task
 
     task = make_task("flipflop", {"length": T})
     model = _model("path", len(task.vocab), layers=2, beta_max=beta_max, head_dim=head_dim)
     print(f"bf16 training, heads of {head_dim}:")
-    opt, sched = _optimizer(model, lr, steps)
+    settings = train_config({"steps": steps, "batch_size": B, "lr": lr, "warmup": WARM_UP_STEPS,
+                             "eval_every": 250, "eval_num": 256, "early_stop": None})
+    curve = []
     t0 = time.time()
-    bad = 0
-    worst_loss, worst_step = 0.0, None  # after the warm-up: spikes show here, between the prints
-    for step in range(steps):
-        data = task.generate(B, seed=step, split="train")
-        inputs = torch.as_tensor(data.inputs).cuda()
-        targets = torch.as_tensor(data.targets).cuda()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = _loss(model, inputs, targets)
-        value = loss.item()
-        if not math.isfinite(value):
-            bad += 1
-            print(f"step {step}: non-finite loss {value}")
-            if bad > 3:
-                break
-            opt.zero_grad(set_to_none=True)
-            continue
-        if step >= WARM_UP_STEPS and value > worst_loss:
-            worst_loss, worst_step = value, step
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if not torch.isfinite(gnorm):
-            bad += 1
-            print(f"step {step}: non-finite gradient norm")
-        opt.step()
-        sched.step()
-        if step % 250 == 0 or step == steps - 1:
-            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(inputs)
-            mask = targets != IGNORE_INDEX
-            acc = (logits.argmax(-1)[mask] == targets[mask]).float().mean().item()
-            print(f"step {step:5d} loss {value:.4f} acc {acc:.4f} ({time.time() - t0:.0f}s)")
-    print(f"bf16 training, heads of {head_dim}: {steps} steps, {bad} non-finite steps, "
-          f"highest loss after the warm-up {worst_loss:.4f} (step {worst_step}), "
-          f"{time.time() - t0:.0f}s: {'ok' if bad == 0 else 'FAIL'}")
-    return bad == 0
+    [outcome] = train(model, task, settings, [Member(0, lr, curve)], torch.device("cuda"),
+                      progress=False)
+    for point in curve:
+        print(f"step {point['step']:5d} loss {point['loss']:.4f} acc {point['accuracy']:.4f} "
+              f"val {point['validation']['accuracy']:.4f} ({point['elapsed_s']:.0f}s)")
+    ok = outcome.status == "ok"
+    print(f"bf16 training, heads of {head_dim}: {outcome.steps} steps, {outcome.status}"
+          f"{': ' + outcome.reason if outcome.reason else ''}, {time.time() - t0:.0f}s: "
+          f"{'ok' if ok else 'FAIL'}")
+    return ok
 
 
 def main(argv=None):
