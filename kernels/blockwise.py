@@ -34,8 +34,8 @@ from torch.autograd.function import once_differentiable
 from pathbench.kernels.softmax import compute_dtype
 
 BLOCK = 64
-# Blocks per batch of the within-block algebra: its dozen intermediates of that many blocks stay
-# in the caches, which made fwd+bwd at T=512 5-10% faster on one CPU thread (no slower on two).
+# Blocks per batch of the within-block algebra: small enough that its dozen intermediates stay
+# in the CPU's caches.
 WITHIN_CHUNK = 32
 
 

@@ -70,9 +70,8 @@ class FlipFlop(Task):
             "early_stop": None,  # the rare sparse-split errors are the point; train to the end
         },
     }
-    # On a CPU the paper's 512 tokens cost PaTH's blockwise torch attention 0.2-1 s a step on
-    # two cores; at 128 tokens PaTH reaches zero validation error within 200 steps while RoPE
-    # stays near 32% (README, "Running on a CPU").
+    # 128 tokens: the paper's 512 are slow for the torch PaTH attention on a CPU, and 128 still
+    # separate PaTH from RoPE (docs/usage.md gives the numbers).
     presets = {"cpu": {
         "task": {"length": 128},
         "train": {"steps": 600, "batch_size": 32, "eval_every": 100, "eval_num": 2048,

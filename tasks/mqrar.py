@@ -100,9 +100,8 @@ class Mqrar(Task):
             "early_stop": None,
         },
     }
-    # On two CPU cores: 64 tokens, 4 keys and 8 values, width 64, 600 steps of 32. At N = 2,
-    # PaTH reached 0.990 on test in 55 s, RoPE 0.346 in 27 s and FoX 0.229 in 39 s (chance and
-    # the latest assignment 0.125).
+    # Small enough to train in about a minute on two CPU cores, and still separating PaTH from
+    # RoPE and FoX at N = 2 (docs/usage.md gives the numbers).
     presets = {"cpu": {
         "task": {"length": 64, "num_keys": 4, "num_values": 8},
         "model": {"d_model": 64},

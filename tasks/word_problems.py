@@ -91,11 +91,8 @@ class WordProblem(Task):
             "early_stop": 0.99,  # well past the 0.9 "solved" line; saves time in depth sweeps
         },
     }
-    # On two CPU cores, A5 words of 3 elements, 1,500 steps of 256 at a constant 3e-3: PaTH
-    # reached 0.973 and 0.979 token accuracy on test (seeds 0 and 1; every position solved)
-    # in 190 and 200 s, RoPE 0.667 in 71 s (the last position 0.064). At 1,200 steps PaTH was
-    # still at 0.677; at lengths 4 and 6, 1,000 steps learned only the first position. The same
-    # preset: Z60 0.991 (197 s), A4xZ5 0.981 (181 s); S5 learned only the first position.
+    # Words of 3 elements: the shortest at which the last position needs the running product
+    # tracked, learned in minutes on two CPU cores (docs/usage.md gives the numbers).
     presets = {"cpu": {
         "task": {"length": 3},
         "train": {"steps": 1500, "batch_size": 256, "lr": 3e-3, "warmup": 100,
@@ -139,9 +136,9 @@ class A5WordProblem(WordProblem):
 class S5WordProblem(WordProblem):
     name = "s5"
     description = "word problem on S5 (order 120, not solvable): running product of permutations"
-    # Twice the group's order, four times its products to learn: on two CPU cores the shared
-    # preset learns only S5's first position. Words of 2 elements and one layer (the product of
-    # two is one lookup) learn the product in the time the others take for 3.
+    # Twice the group's order, four times its products to learn: words of 2 elements and one
+    # layer (the product of two is one lookup), which a CPU learns in the time the other groups
+    # take for 3.
     presets = {"cpu": {
         "task": {"length": 2},
         "model": {"layers": 1},

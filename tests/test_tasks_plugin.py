@@ -32,6 +32,14 @@ def test_plugin_task_generates_correct_data(plugin_cli, tmp_path):
             assert vocab[answer] == ("odd" if ones % 2 else "even")
 
 
+def test_plugin_task_that_names_its_length_is_tested_longer(plugin_cli, tmp_path):
+    result = plugin_cli("data", "parity", "--split", "test_48", "--num", "5", "--set",
+                        "task.length=24", "--set", "task.eval_lengths=48", "--out", "long.npz")
+    assert result.returncode == 0, result.stderr
+    with np.load(tmp_path / "long.npz") as saved:
+        assert saved["inputs"].shape == (5, 48)
+
+
 def test_plugin_task_has_a_val_split_on_its_own_stream(plugin_cli, tmp_path):
     arrays = {}
     for split in ["train", "val", "test"]:

@@ -92,8 +92,8 @@ def _peak_mb(fn):
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
-# fla-core 0.6's parallel_path_attn hit an illegal memory access at D=32 on an H200 (which
-# poisons the CUDA context): such shapes are timed in a child process.
+# Head sizes at which fla-core's parallel_path_attn may fault and poison the CUDA context: timed
+# in a child process.
 FLA_ISOLATED_D = {32}
 
 

@@ -29,6 +29,7 @@ class Parity(Task):
     version = "1"
     description = "running parity of a bit string (the word problem of Z2)"
     Config = ParityConfig
+    length_setting = "length"  # so pathbench adds eval_lengths: tests on longer strings
     run_defaults = {
         "model": {"attention": "path", "layers": 1, "heads": 1, "d_model": 32},
         "train": {"steps": 2000, "batch_size": 64, "lr": 1e-3, "warmup": 100,
