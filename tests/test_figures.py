@@ -285,3 +285,14 @@ def test_drift_results_paper_is_still_what_its_records_give(tmp_path):
             assert (tmp_path / name).stat().st_size > 0
         else:
             assert (tmp_path / name).read_text() == (paper / name).read_text(), name
+
+
+def test_a_model_has_its_colour_by_name_and_no_two_models_share_one():
+    from pathbench.runners.analysis.figures import MODEL_COLOURS, colour
+
+    builtins = list(MODEL_COLOURS)
+    others = [f"plugin{i}" for i in range(20)]
+    for models in (builtins + others, others[::-1] + builtins[::-1]):
+        colours = [colour(model, models) for model in models]
+        assert len(set(colours)) == len(models)  # an eighth, or a twentieth, model too
+        assert {m: colour(m, models) for m in builtins} == MODEL_COLOURS  # by name, any order

@@ -692,6 +692,44 @@ def _runs_forever(runs, out, progress):
     time.sleep(3600)
 
 
+def test_the_sweep_runs_any_registered_executor_through_its_interface(tmp_path, monkeypatch,
+                                                                      capsys):
+    """An executor registered by name trains what the sweep hands it and says what it did;
+    the sweep asks it for the device and, in a dry run, for its plan."""
+    from pathbench.registry import Entry
+    from pathbench.runners.sweep.executors import EXECUTORS, Executor
+
+    calls = []
+
+    class Recording(Executor):
+        def device(self, device):
+            calls.append(("device", device))
+            return "cpu"
+
+        def plan(self, packs):
+            return [f"{len(packs)} packs for {self.workers} workers, {self.params}"]
+
+        def run(self, next_pack, out, report, runs):
+            calls.append(("run", runs))
+            while (pack := next_pack()) is not None:
+                for run in pack:
+                    report(run.run_id, {"run_id": run.run_id, "status": "diverged",
+                                        "reason": "made up"})
+            return None
+
+    # registered for this test alone: the registry's tables are restored afterwards
+    monkeypatch.setattr(EXECUTORS, "_loaded", dict(EXECUTORS._loaded))
+    monkeypatch.setitem(EXECUTORS._builtins, "recording", Entry("recording", "test",
+                                                                lambda: Recording))
+    grid = Grid(task="flipflop", models=["rope"], seeds=[0, 1, 2], d_model=16, pack=2)
+    run_grids([grid], out=tmp_path / "planned", device="auto", workers=3, executor="recording",
+              slurm_params={"key": 1}, dry_run=True)
+    assert capsys.readouterr().out.splitlines()[-1] == "2 packs for 3 workers, {'key': 1}"
+    counts = run_grids([grid], out=tmp_path, device="auto", workers=3, executor="recording",
+                       slurm_params={"key": 1})
+    assert calls == [("device", "auto")] * 2 + [("run", 3)] and counts["diverged"] == 3
+
+
 def test_a_sweeps_summary_lists_outcomes_in_one_order_whatever_order_they_came_in():
     from pathbench.runners.sweep.orchestrate import summary_line
 
