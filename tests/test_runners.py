@@ -730,6 +730,35 @@ def test_the_sweep_runs_any_registered_executor_through_its_interface(tmp_path, 
     assert calls == [("device", "auto")] * 2 + [("run", 3)] and counts["diverged"] == 3
 
 
+def _reports_its_gpu(runs, out, progress):
+    """execute_runs that records nothing and reports the GPUs its process may use."""
+    return [{"run_id": run.run_id, "status": "ok",
+             "reason": os.environ.get("CUDA_VISIBLE_DEVICES", "unset")} for run in runs]
+
+
+@pytest.mark.parametrize("gpus, seen", [(["0", "1", "2"], ["0", "1", "2", "0"]),
+                                        (["0"], ["unset"] * 4), ([], ["unset"] * 4)])
+def test_local_workers_are_spread_over_the_visible_gpus(monkeypatch, tmp_path, capsys, gpus,
+                                                        seen):
+    """Four workers on three GPUs: worker i on GPU i mod 3; with one GPU or none, the workers
+    see what the sweep sees."""
+    from pathbench.runners.sweep import executors
+
+    _forked_workers(monkeypatch, _reports_its_gpu)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(executors, "visible_gpus", lambda: gpus)
+    packs = [[SimpleNamespace(run_id=f"p{i}")] for i in range(4)]
+    workers_gpus = {}
+
+    def next_pack():  # one pack to each of the four workers, then none
+        return packs.pop(0) if packs else None
+
+    executor = executors.LocalExecutor(4, {})
+    executor.run(next_pack, tmp_path, lambda name, summary: workers_gpus.update(
+        {name: summary["reason"]}), runs=4)
+    assert [workers_gpus[f"p{i}"] for i in range(4)] == seen
+
+
 def test_a_sweeps_summary_lists_outcomes_in_one_order_whatever_order_they_came_in():
     from pathbench.runners.sweep.orchestrate import summary_line
 

@@ -78,8 +78,11 @@ def run_here(next_pack, out: Path, report) -> bool:
     return True
 
 
-def _serve(connection, threads: int) -> None:
-    """A local worker: trains the packs it is sent, one at a time, and reports their outcomes."""
+def _serve(connection, threads: int, gpu: str | None) -> None:
+    """A local worker: trains the packs it is sent, one at a time, and reports their outcomes;
+    on GPU ``gpu`` alone (its index among the visible ones), if given."""
+    if gpu is not None:  # before CUDA starts in this process: "cuda" is then that GPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     import torch
 
     torch.set_num_threads(threads)
@@ -123,24 +126,31 @@ def _summaries(records: list[dict]) -> list[dict]:
 
 
 class _Worker:
-    """One spawned worker process (spawned, not forked, so that CUDA works in it) and the runs
-    of the pack it is training, if any."""
+    """One spawned worker process (spawned, not forked, so that CUDA works in it), the GPU it
+    trains on (None: whatever it sees), and the runs of the pack it is training, if any."""
 
-    def __init__(self, context, threads: int):
+    def __init__(self, context, threads: int, gpu: str | None):
+        self.gpu = gpu
         self.connection, child_end = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child_end, threads), daemon=True)
+        self.process = context.Process(target=_serve, args=(child_end, threads, gpu),
+                                       daemon=True)
         self.process.start()
         child_end.close()
         self.runs: list[str] = []
 
 
 class LocalPool:
-    """``workers`` processes that train packs of runs in parallel, one pack each at a time."""
+    """``workers`` processes that train packs of runs in parallel, one pack each at a time;
+    given ``gpus`` (indices of visible GPUs), worker i trains on gpus[i % len(gpus)]."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, gpus: list[str] | None = None):
         self.context = multiprocessing.get_context("spawn")
         self.threads = max(1, (os.cpu_count() or 1) // workers)  # torch threads per worker
-        self.workers = [_Worker(self.context, self.threads) for _ in range(workers)]
+        self.workers = [self._start(gpus[i % len(gpus)] if gpus else None)
+                        for i in range(workers)]
+
+    def _start(self, gpu: str | None) -> _Worker:
+        return _Worker(self.context, self.threads, gpu)
 
     def run(self, next_pack, out: Path, report) -> None:
         """Train the packs ``next_pack()`` hands out (None: none may start now) until none is
@@ -154,7 +164,7 @@ class LocalPool:
                 if pack is None:
                     break
                 if not worker.process.is_alive():  # it died while idle
-                    self.workers[index] = worker = _Worker(self.context, self.threads)
+                    self.workers[index] = worker = self._start(worker.gpu)
                 worker.runs = [run.run_id for run in pack]
                 worker.connection.send((pack, str(out)))
             busy = [worker for worker in self.workers if worker.runs]
@@ -176,7 +186,7 @@ class LocalPool:
                 worker.runs = []
                 if gpu_lost:  # it has ended, or is ending: replace it
                     worker.process.join()
-                    self.workers[index] = _Worker(self.context, self.threads)
+                    self.workers[index] = self._start(worker.gpu)
 
     def close(self) -> None:
         for worker in self.workers:
@@ -330,9 +340,17 @@ def parse_slurm_params(items) -> dict:
     return params
 
 
+def visible_gpus() -> list[str]:
+    """The indices of the GPUs this process sees ("0", "1", ...)."""
+    import torch
+
+    return [str(index) for index in range(torch.cuda.device_count())]
+
+
 @EXECUTORS.register("local")
 class LocalExecutor(Executor):
-    """This process for one worker; `LocalPool` for more."""
+    """This process for one worker; `LocalPool` for more, spread over the GPUs where more than
+    one is visible (on one, nothing changes)."""
 
     def device(self, device: str) -> str:
         return resolve_device(device)
@@ -340,7 +358,8 @@ class LocalExecutor(Executor):
     def run(self, next_pack, out: Path, report, runs: int) -> str | None:
         if self.workers == 1 or not runs:
             return None if run_here(next_pack, out, report) else GPU_LOST
-        pool = LocalPool(min(self.workers, runs))
+        gpus = visible_gpus()
+        pool = LocalPool(min(self.workers, runs), gpus if len(gpus) > 1 else None)
         try:
             pool.run(next_pack, out, report)
         finally:
