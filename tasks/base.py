@@ -131,6 +131,11 @@ class Task:
     In ``__init__`` (after calling ``super().__init__``) it sets ``vocab`` and ``splits``. It
     implements `sample`, and may extend `metrics` and `baselines`.
 
+    Training data on the device: a task may also implement `sample_tensors`, the same
+    distribution drawn with torch on a torch.Generator's device, which `generate_tensors` calls
+    (seeded like `generate`); training on a GPU then draws its batches there. Evaluation data
+    always come from `sample`, fixed and hashed.
+
     Length: a task whose sequences have a length set by one ``Config`` field names that field in
     ``length_setting`` ("length" for every built-in; ``length`` reads it). Such a task can also
     be tested on longer sequences: this class adds the setting ``eval_lengths`` (after the
@@ -262,27 +267,57 @@ class Task:
         """Draw ``num`` sequences of ``split``: (inputs, targets), integer arrays [num, length]."""
         raise NotImplementedError
 
+    def sample_tensors(self, generator, num: int, split: str):
+        """Draw ``num`` sequences of ``split`` with torch, on ``generator``'s device, in the
+        distribution of `sample`: (inputs, targets), int64 tensors [num, length]."""
+        raise NotImplementedError
+
+    @property
+    def samples_on_device(self) -> bool:
+        """Whether the task implements `sample_tensors`."""
+        return type(self).sample_tensors is not Task.sample_tensors
+
+    def generate_tensors(self, num: int, seed: int, split: str, device):
+        """``num`` sequences of ``split`` drawn by `sample_tensors` on ``device``, deterministic
+        in (configuration, split, seed, device kind): (inputs, targets) int64 tensors."""
+        import torch
+
+        task, distribution = self._distribution(split)
+        generator = torch.Generator(device=device)
+        generator.manual_seed(int(np.random.SeedSequence([split_key(split), int(seed)])
+                                  .generate_state(2, np.uint64)[0] >> np.uint64(1)))
+        inputs, targets = task.sample_tensors(generator, int(num), distribution)
+        if inputs.shape != targets.shape or inputs.ndim != 2 or len(inputs) != num \
+                or inputs.dtype != torch.int64 or targets.dtype != torch.int64:
+            raise UserError(f"{_owner(type(self))}: sample_tensors() returned tensors of shape "
+                            f"{tuple(inputs.shape)} and {tuple(targets.shape)} ({inputs.dtype}, "
+                            f"{targets.dtype}), not two int64 tensors [{num}, length]")
+        return inputs, targets
+
+    def _distribution(self, split: str) -> tuple["Task", str]:
+        """The task (itself, or itself at a longer length) and the split whose distribution
+        ``split`` is drawn from."""
+        _, val_is_train = self._declared_splits()
+        if split not in self.splits:
+            raise UserError(
+                f"task {self.name!r} has no split {split!r}; valid splits: {', '.join(self.splits)}"
+            )
+        if split in self._longer_splits():  # the first test split, longer
+            return self.at_length(self._longer_splits()[split]), self.test_splits[0]
+        return self, "train" if split == "val" and val_is_train else split
+
     def generate(self, num: int, seed: int, split: str) -> Dataset:
         """``num`` sequences of ``split``; deterministic in (configuration, split, seed).
 
         Each split draws from its own stream, seeded by (split_key(split), seed), ``val``
         included when this class supplies it (see the class docstring).
         """
-        _, val_is_train = self._declared_splits()
-        splits = self.splits
-        if split not in splits:
-            raise UserError(
-                f"task {self.name!r} has no split {split!r}; valid splits: {', '.join(splits)}"
-            )
+        task, distribution = self._distribution(split)
         if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num < 1:
             raise UserError(f"the number of sequences must be a positive integer, got {num!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise UserError(f"the seed must be a non-negative integer, got {seed!r}")
         rng = np.random.default_rng(np.random.SeedSequence([split_key(split), int(seed)]))
-        distribution = "train" if split == "val" and val_is_train else split
-        task = self
-        if split in self._longer_splits():  # the first test split, longer
-            task, distribution = self.at_length(self._longer_splits()[split]), self.test_splits[0]
         inputs, targets = task.sample(rng, int(num), distribution)
         inputs, targets = self._checked_sample(inputs, targets, int(num))
         return Dataset(inputs, targets, list(self.vocab))

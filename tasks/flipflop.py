@@ -110,6 +110,26 @@ class FlipFlop(Task):
         targets[:, 1::2] = IGNORE_INDEX
         return inputs, targets
 
+    def sample_tensors(self, generator, num, split):
+        import torch
+
+        device, pairs = generator.device, self.options.length // 2
+        p_ignore = P_IGNORE[split]
+        draw = torch.rand((num, pairs), generator=generator, device=device)
+        instructions = torch.where(draw < p_ignore, IGNORE,
+                                   torch.where(draw < (1 + p_ignore) / 2, WRITE, READ))
+        instructions[:, 0] = WRITE
+        instructions[:, -1] = READ
+        bits = torch.randint(ZERO, ONE + 1, (num, pairs), generator=generator, device=device)
+        pair_index = torch.arange(pairs, device=device).expand(num, pairs)
+        last_write = torch.where(instructions == WRITE, pair_index, 0).cummax(dim=1).values
+        is_read = instructions == READ
+        bits = torch.where(is_read, bits.gather(1, last_write), bits)
+        inputs = torch.stack([instructions, bits], dim=2).view(num, 2 * pairs)
+        targets = torch.full_like(inputs, IGNORE_INDEX)
+        targets[:, 0::2] = torch.where(is_read, bits, IGNORE_INDEX)
+        return inputs, targets
+
     def metrics_from(self, tally, split):
         metrics = super().metrics_from(tally, split)
         metrics["error"] = 100.0 * (1.0 - metrics["accuracy"])

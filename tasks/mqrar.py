@@ -157,6 +157,55 @@ class Mqrar(Task):
             position[rows] += QUERY_TOKENS
         return inputs, targets
 
+    def sample_tensors(self, generator, num, split):
+        """`sample`'s stream of items, drawn with torch: the same steps on tensors."""
+        import torch
+
+        o, device = self.options, generator.device
+        length = o.length
+        first_value = o.num_keys
+        query, pad = first_value + o.num_values, first_value + o.num_values + 1
+        inputs = torch.full((num, length), pad, dtype=torch.int64, device=device)
+        targets = torch.full((num, length), IGNORE_INDEX, dtype=torch.int64, device=device)
+        recent = torch.zeros((num, o.num_keys, o.n_back), dtype=torch.int64, device=device)
+        assignments = torch.zeros((num, o.num_keys), dtype=torch.int64, device=device)
+        queryable_keys = torch.zeros(num, dtype=torch.int64, device=device)
+        position = torch.zeros(num, dtype=torch.int64, device=device)
+        active = torch.arange(num, device=device)
+
+        def uniform(size):
+            return torch.rand(size, generator=generator, device=device)
+
+        while active.numel():
+            is_query = (uniform(active.numel()) < o.query_prob) & (queryable_keys[active] > 0)
+            size = torch.where(is_query, QUERY_TOKENS, ASSIGNMENT_TOKENS)
+            fits = position[active] + size <= length
+            active, is_query = active[fits], is_query[fits]
+
+            rows = active[~is_query]
+            keys = torch.randint(0, o.num_keys, (rows.numel(),), generator=generator,
+                                 device=device)
+            values = torch.randint(0, o.num_values, (rows.numel(),), generator=generator,
+                                   device=device)
+            at = position[rows]
+            inputs[rows, at] = keys
+            inputs[rows, at + 1] = first_value + values
+            recent[rows, keys] = torch.cat([values[:, None], recent[rows, keys, :-1]], dim=1)
+            assignments[rows, keys] += 1
+            queryable_keys[rows] += assignments[rows, keys] == o.n_back
+            position[rows] += ASSIGNMENT_TOKENS
+
+            rows = active[is_query]
+            queryable = assignments[rows] >= o.n_back
+            chosen = (uniform(rows.numel()) * queryable_keys[rows]).long()
+            keys = (queryable.cumsum(dim=1) > chosen[:, None]).int().argmax(dim=1)
+            at = position[rows]
+            inputs[rows, at] = query
+            inputs[rows, at + 1] = keys
+            targets[rows, at + 1] = first_value + recent[rows, keys, o.n_back - 1]
+            position[rows] += QUERY_TOKENS
+        return inputs, targets
+
     def baselines(self, dataset, split):
         """``chance`` and ``latest_assignment`` (see the class docstring), on ``dataset``."""
         return {

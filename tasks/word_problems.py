@@ -113,6 +113,17 @@ class WordProblem(Task):
             products[:, t] = self._table[products[:, t - 1], elements[:, t]]
         return elements, products
 
+    def sample_tensors(self, generator, num, split):
+        import torch
+
+        table = torch.as_tensor(self._table, device=generator.device)
+        elements = torch.randint(0, len(self.vocab), (num, self.options.length),
+                                 generator=generator, device=generator.device)
+        products = [elements[:, 0]]
+        for t in range(1, self.options.length):
+            products.append(table[products[-1], elements[:, t]])
+        return elements, torch.stack(products, dim=1)
+
     def metrics_from(self, tally, split):
         metrics = super().metrics_from(tally, split)
         by_position = tally["correct"] / np.maximum(tally["scored"], 1)  # every position scored

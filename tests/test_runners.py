@@ -533,13 +533,17 @@ def test_runs_shared_by_two_grids_train_once_and_release_both(tmp_path):
 # --- training data and schedule ----------------------------------------------------------------
 
 
-def test_training_batches_are_fresh_and_a_function_of_the_run_seed():
+@pytest.mark.parametrize("on_device", [False, True])
+def test_training_batches_are_fresh_and_a_function_of_the_run_seed(monkeypatch, on_device):
+    """Drawn with numpy, or by the task's device sampler (as on a GPU; here on the CPU)."""
     import numpy as np
     import torch
 
+    from pathbench.runners.training import loop
     from pathbench.runners.training.loop import training_batches
     from pathbench.tasks import make_task
 
+    monkeypatch.setattr(loop, "on_device_data", lambda task, device: on_device)
     task = make_task("flipflop", {"length": 64})
 
     def first_batches(seed, count=70):  # more than one draw of 1024 sequences
@@ -646,7 +650,7 @@ def test_worker_leaves_when_a_failed_pack_took_the_gpu_with_it(monkeypatch, tmp_
     monkeypatch.setattr(executors, "_cuda_lost", lambda: cuda_lost)
     connection = _Connection([([SimpleNamespace(run_id="a")], str(tmp_path)),
                               ([SimpleNamespace(run_id="b")], str(tmp_path)), None])
-    executors._serve(connection, threads=1)
+    executors._serve(connection, threads=1, gpu=None)
     # The worker says whether its GPU is lost along with the pack's outcomes; then it takes no
     # second pack (the pool starts a fresh one in its place), or goes on.
     summary = {"run_id": "a", "status": "failed", "reason": "AcceleratorError: CUDA error"}

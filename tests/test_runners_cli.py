@@ -59,6 +59,7 @@ def test_run_trains_evaluates_and_records(tmp_path, capsys):
                 "device_name", "task_version", "dataset_hash", "seed", "wall_time_s"):
         assert key in provenance
     assert len(provenance["dataset_hash"]) == 64 and provenance["wall_time_s"] > 0
+    assert provenance["training_data"] == "cpu"  # a CPU run keeps numpy's data
     assert provenance["attention_backend"] == "torch" and result["config"]["model"]["backend"] == "auto"
     curve = [json.loads(line) for line in (run_dir / "curve.jsonl").read_text().splitlines()]
     assert [point["step"] for point in curve] == [2, 4]

@@ -87,7 +87,12 @@ def execute_runs(runs: list[Run], out: Path, progress: bool = True) -> list[dict
 
     from pathbench.models import build_model
     from pathbench.models.pack import NotPackable, pack_models
-    from pathbench.runners.training.loop import Member, activation_dtype, train
+    from pathbench.runners.training.loop import (
+        Member,
+        activation_dtype,
+        on_device_data,
+        train,
+    )
 
     if len({(run.cell_key(), run.device) for run in runs}) != 1:
         raise ValueError("a pack's runs must differ only in seed and learning rate")
@@ -114,6 +119,10 @@ def execute_runs(runs: list[Run], out: Path, progress: bool = True) -> list[dict
         "device_name": device_name(device),
         "task_version": shared.task.version,
         "attention_backend": None,  # what computed the attention: "torch" or "triton"
+        # where training batches were drawn: "device", or "cpu" (and why, on a GPU)
+        "training_data": ("device" if on_device_data(shared.task, device) else
+                          "cpu (the task has no device sampler)" if device.type == "cuda"
+                          else "cpu"),
         "plugins": plugin_provenance(shared),
         "dataset_hash": None,
     }

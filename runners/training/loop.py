@@ -58,25 +58,38 @@ def draw_seed(run_seed: int, draw: int) -> int:
     return int(np.random.SeedSequence([run_seed, draw]).generate_state(1)[0])
 
 
+def on_device_data(task, device: torch.device) -> bool:
+    """Whether training batches are drawn on ``device`` (a GPU, for a task with a device
+    sampler); otherwise on the CPU with numpy, and copied over. CPU runs keep numpy's data."""
+    return device.type == "cuda" and task.samples_on_device
+
+
 def training_batches(task, batch_size: int, run_seed: int, device: torch.device):
     """Fresh training batches forever: (inputs, targets) tensors of ``batch_size`` rows on
-    ``device``. Each draw is copied to the device whole, one transfer for several steps, and
-    the next draw is generated in a background thread while the model trains on this one."""
+    ``device``. A draw holds several steps' batches. On a GPU, a task with a device sampler
+    draws them there (`Task.generate_tensors`); otherwise each draw is generated with numpy in a
+    background thread while the model trains on the one before, and copied over whole."""
     steps_per_draw = max(1, SEQUENCES_PER_DRAW // batch_size)
+    size = steps_per_draw * batch_size
 
     def generate(draw: int):
-        return task.generate(steps_per_draw * batch_size, draw_seed(run_seed, draw),
-                             task.splits[0])
+        return task.generate(size, draw_seed(run_seed, draw), task.splits[0])
 
+    def split_up(inputs, targets):
+        for start in range(0, size, batch_size):
+            yield inputs[start : start + batch_size], targets[start : start + batch_size]
+
+    if on_device_data(task, device):
+        for draw in itertools.count():
+            yield from split_up(*task.generate_tensors(size, draw_seed(run_seed, draw),
+                                                       task.splits[0], device))
     with ThreadPoolExecutor(max_workers=1) as background:
         upcoming = background.submit(generate, 0)
         for draw in itertools.count():
             data = upcoming.result()
             upcoming = background.submit(generate, draw + 1)
-            inputs = torch.from_numpy(data.inputs).to(device)
-            targets = torch.from_numpy(data.targets).to(device)
-            for start in range(0, steps_per_draw * batch_size, batch_size):
-                yield inputs[start : start + batch_size], targets[start : start + batch_size]
+            yield from split_up(torch.from_numpy(data.inputs).to(device),
+                                torch.from_numpy(data.targets).to(device))
 
 
 @dataclass
