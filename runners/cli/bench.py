@@ -3,6 +3,8 @@ asserted in tests). Each command's work is in `pathbench.runners.bench`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from pathbench.runners.bench.kernel import IMPLS
@@ -71,3 +73,58 @@ def kernel(out_dir, impls, quick, compile_only, profile, seqlens):
     from pathbench.runners.bench.kernel import bench_kernel
 
     bench_kernel(out_dir, impls, quick, compile_only, profile, seqlens, echo=click.echo)
+
+
+def _names(known):
+    def parse(ctx, param, value):
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        unknown = [name for name in names if name not in known()]
+        if not names or unknown:
+            raise click.BadParameter(f"unknown {unknown[0] if unknown else '(none)'!r}; valid: "
+                                     f"{', '.join(known())}")
+        return names
+    return parse
+
+
+def _shape_names():
+    from pathbench.runners.bench.train import SHAPES
+
+    return list(SHAPES)
+
+
+def _attention_names():
+    from pathbench.models import ATTENTIONS
+
+    return ATTENTIONS.names()
+
+
+@bench.command("train")
+@click.option("--shapes", default="a5-12-L4", show_default=True, callback=_names(_shape_names),
+              help="Shapes, comma-separated: flipflop-L1, flipflop-L2, a5-12-L1..L6, "
+                   "a5-32-L1..L6, mqrar-2, smoke (tiny, for a CPU).")
+@click.option("--attentions", default="path,rope", show_default=True,
+              callback=_names(_attention_names), help="Attention variants, comma-separated.")
+@click.option("--packs", default="1", show_default=True, callback=_int_list,
+              help="Pack sizes (runs trained as one model), comma-separated.")
+@click.option("--steps", default=600, show_default=True, type=click.IntRange(min=2),
+              help="Training steps of each measurement.")
+@click.option("--interval", default=200, show_default=True, type=click.IntRange(min=1),
+              help="Steps between the validation checks the time is read at.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True)
+@click.option("--against", default=None, metavar="REV",
+              help="Also measure the engine of git revision REV (e.g. HEAD~3), side by side.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the rows as CSV here.")
+def train(shapes, attentions, packs, steps, interval, device, against, out):
+    """Run-steps a second of the trainer per shape, attention and pack size, with peak GPU
+    memory per run and the model's arithmetic rate as a fraction of the device's matmul rate."""
+    from pathbench import UserError
+    from pathbench.runners.bench.train import bench_train
+    from pathbench.runners.training.config import resolve_device
+
+    if steps < 2 * interval:
+        raise UserError(f"--steps must be at least twice --interval ({interval}), got {steps}: "
+                        f"the time is read between two validation checks")
+    bench_train(shapes, attentions, packs, steps, interval, resolve_device(device), against,
+                out, echo=click.echo)

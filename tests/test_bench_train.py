@@ -1,0 +1,41 @@
+"""`pathbench bench train` on a CPU at a tiny shape: the table and CSV it writes, and the same
+measurement of another git revision's engine beside it (speed is printed, never asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_train_measures_this_tree_and_another_revision_side_by_side(tmp_path, capsys):
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("needs a git checkout: --against reads a revision from git")
+    out = tmp_path / "train.csv"
+    code, stdout, stderr = cli(capsys, "bench", "train", "--shapes", "smoke", "--attentions",
+                               "rope", "--packs", "1,2", "--steps", "6", "--interval", "2",
+                               "--device", "cpu", "--against", "HEAD", "--out", out)
+    assert code == 0, stderr
+    table = [line for line in stdout.splitlines() if line.startswith("| smoke |")]
+    assert [line.split(" | ")[1:3] for line in table] == [["rope", "1"], ["rope", "2"]]
+    for line in table:  # both engines measured, and their ratio
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        assert float(cells[3]) > 0 and float(cells[7]) > 0 and float(cells[-1]) > 0
+    rows = out.read_text().splitlines()
+    assert rows[0].startswith("engine,shape,attention,pack,run_steps_per_s")
+    assert sorted(row.split(",")[0] for row in rows[1:]) == ["new", "new", "old", "old"]
+
+
+def test_bench_train_refuses_bad_choices_in_one_line(capsys):
+    code, _, stderr = cli(capsys, "bench", "train", "--shapes", "huge", "--device", "cpu")
+    assert code == 2 and "unknown 'huge'" in stderr and "smoke" in stderr
+    code, _, stderr = cli(capsys, "bench", "train", "--shapes", "smoke", "--steps", "10",
+                          "--interval", "8", "--device", "cpu")
+    assert code == 2 and "--steps must be at least twice --interval" in stderr
+    code, _, stderr = cli(capsys, "bench", "train", "--shapes", "smoke", "--steps", "4",
+                          "--interval", "2", "--device", "cpu", "--against", "no-such-rev")
+    assert code == 2 and "--against no-such-rev: git cannot archive it" in stderr
