@@ -32,7 +32,7 @@ def shown(figure) -> dict[str, dict]:
         panel = {}
         for line in ax.get_lines():
             label = line.get_label()
-            if not label.startswith("_"):
+            if not label.startswith("_") and len(line.get_xydata()):  # a legend's own entry
                 name = next(f"{label} #{n}" if n > 1 else label for n in range(1, 99)
                             if (f"{label} #{n}" if n > 1 else label) not in panel)
                 panel[name] = [(number(x), number(y)) for x, y in line.get_xydata()]
@@ -95,8 +95,8 @@ def test_word_problems_get_depth_against_length_and_accuracy_at_the_longest(word
     assert panels[1]["title"] == "a5 (length 16, 500 steps)"
     written, tables = draw(load_frame(word_problem_runs), tmp_path / "figure" / "a5")
     assert [path.name for path in written] == ["a5.png", "a5.pdf", "a5.md"]
-    assert "| path | 1 | 2 |" in tables  # minimum layers at length 8 and 16
-    assert "| rope | 2 | >3 |" in tables
+    assert "| path | 1 (1) | 2 (2) |" in tables  # minimum layers at length 8 and 16
+    assert "| rope | 2 (2) | >3 (>3) |" in tables
     # at length 16, rope's 2-layer cell did not run: its row has no value there
     assert "| rope | 0.290 ± 0.01 |  | 0.290 ± 0.01 |" in tables
     assert "| baseline: chance | 0.017 | 0.017 | 0.017 |" in tables
@@ -150,9 +150,10 @@ def test_results_gives_minimum_depth_per_length_and_baselines(word_problem_runs,
 
     main(["results", str(word_problem_runs)])
     out = capsys.readouterr().out
-    assert "a5: minimum layers to solve (two thirds of the seeds at >= 0.9 on test" in out
+    assert "a5: minimum layers to solve: two thirds of the seeds at >= 0.9 on test" in out
     lines = [line.split() for line in out.splitlines()]
-    assert ["rope", "4", "2", ">3"] in lines and ["path", "4", "1", "2"] in lines
+    assert ["rope", "4", "2", "(2)", ">3", "(>3)"] in lines
+    assert ["path", "4", "1", "(1)", "2", "(2)"] in lines
     assert "chance (test)" in out and "learning rate picked on val" in out
 
 
@@ -237,7 +238,7 @@ def test_a_records_table_gives_the_same_tables_and_figures(word_problem_runs, tm
     assert outputs[0] == outputs[1]
     assert (tmp_path / "figure1" / "a5.md").read_text() == (
         tmp_path / "figure0" / "a5.md").read_text()
-    assert "| path | 1 | 2 |" in outputs[1]
+    assert "| path | 1 (1) | 2 (2) |" in outputs[1]
     drawn = [shown(render(load_frame(source))[0]) for source in (word_problem_runs, table)]
     assert drawn[0] == drawn[1] and drawn[0]["a5 (500 steps)"]["path"] == [(8, 1.03), (16, 2.03)]
 
@@ -261,7 +262,7 @@ def test_drift_a_committed_records_table_still_gives_its_figure(tmp_path, capsys
     depth = next(iter(shown(render(load_frame(COMMITTED / "a5_runs.csv"))[0]).values()))
     for model, points in depth.items():  # the drawn depths are the table's, in order
         row = next(line for line in tables.splitlines() if line.startswith(f"| {model} |"))
-        cells = [cell.strip() for cell in row.strip("|").split("|")[1:]]
+        cells = [cell.split()[0] for cell in row.strip("|").split("|")[1:]]  # "2 (1)": 2
         assert [str(round(y)) if y is not None else None for _, y in points] == [
             cell if cell.isdigit() else None for cell in cells]
 

@@ -433,6 +433,26 @@ def test_solved_needs_two_thirds_of_the_seeds_at_or_above_the_threshold(tmp_path
     assert min_layers_table(table)["min_layers"].tolist() == ["2" if solved else ">2"]
 
 
+def test_a_cell_has_a_solve_rate_and_depth_two_readings(tmp_path):
+    """path at 1 layer: one seed of three solves (it can express the task there); at 2 layers
+    three of three (it learns it reliably)."""
+    for layers, accuracies in ((1, [0.95, 0.2, 0.2]), (2, [0.95, 0.93, 0.91])):
+        grid = Grid(task="a5", models=["path"], layers=[layers], seeds=[0, 1, 2],
+                    sets=["task.length=8"])
+        for run, accuracy in zip(grid.runs("cpu"), accuracies):
+            store.write_json_atomic(tmp_path / run.run_id / "result.json",
+                                    _fake_record(run, accuracy))
+    table = aggregate(load_frame(tmp_path)).sort_values("layers")
+    assert table["solved_seeds"].tolist() == [1, 3] and table["solved"].tolist() == [False, True]
+    # the Wilson interval of 1 of 3 and of 3 of 3, worked out from its definition
+    assert (table["solve_low"].iloc[0], table["solve_high"].iloc[0]) == pytest.approx(
+        _wilson_bounds(1, 3))
+    assert table["solve_low"].iloc[1] == pytest.approx(_wilson_bounds(3, 3)[0])
+    assert table["solve_high"].iloc[1] == 1.0
+    readings = min_layers_table(table).iloc[0]
+    assert (readings["min_layers"], readings["min_layers_any"]) == ("2", "1")
+
+
 def test_val_decides_solved_for_the_sweep_and_test_for_the_tables(tmp_path):
     _write_cell(tmp_path, val=[0.95, 0.95, 0.2], test=[0.95, 0.2, 0.2])
     table = aggregate(load_frame(tmp_path))

@@ -17,7 +17,7 @@ import math
 
 import pandas as pd
 
-from pathbench.runners.analysis.solved import solved
+from pathbench.runners.analysis.solved import solved, solved_seeds
 from pathbench.runners.training.config import DECISION_SPLIT
 
 # Columns that name a configuration in tables; the rest of the config is in "task.*",
@@ -40,8 +40,10 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
     sample standard deviation, min and max of ``metric`` (default: the primary metric) on every
     test split. ``score`` is the mean primary metric on val, which picks the learning rate;
     ``val_solved`` and ``solved`` say whether two thirds of the seeds reach the task's threshold
-    on val and on the headline test split. A rate with a count of scored positions also gets
-    the 95% Wilson interval of the rate pooled over the seeds (SPLIT_low, SPLIT_high)."""
+    on val and on the headline test split; ``solved_seeds`` counts the seeds that reach it on
+    the headline split, with the 95% Wilson interval of that solve rate (solve_low,
+    solve_high). A rate with a count of scored positions also gets the 95% Wilson interval of
+    the rate pooled over the seeds (SPLIT_low, SPLIT_high)."""
     shown_config = varying_config_columns(frame)
     rows = []
     for (cell, lr), runs in frame.groupby(["cell", "lr"], sort=False):
@@ -65,8 +67,11 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
         row["score"] = scores.mean() if len(scores) else -math.inf
         threshold = first["solved_threshold"]
         row["val_solved"] = solved(scores, len(runs), threshold)
-        row["solved"] = solved(_values(runs, f"{row['headline']}:{primary}"), len(runs),
-                                threshold)
+        headline = _values(runs, f"{row['headline']}:{primary}")
+        row["solved"] = solved(headline, len(runs), threshold)
+        row["solved_seeds"] = solved_seeds(headline, threshold)
+        row["solve_low"], row["solve_high"] = wilson_interval(row["solved_seeds"] / len(runs),
+                                                              len(runs))
         rows.append(row)
     table = pd.DataFrame(rows)
     if best_lr and len(table):

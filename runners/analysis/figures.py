@@ -243,17 +243,20 @@ def draw_lines(ax, panel: dict) -> str:
     text += to_markdown(pd.DataFrame(markdown_rows).fillna(""))
     if x == "layers" and len(threshold):
         text += (f"\n\n## {panel['title']}: minimum layers to solve (two thirds of the seeds "
-                 f"at {metric} >= {threshold.iloc[0]:g} on {headline})\n\n")
+                 f"at {metric} >= {threshold.iloc[0]:g} on {headline}; min_layers_any: any "
+                 f"seed)\n\n")
         text += to_markdown(min_layers_table(table))
     return text
 
 
 def draw_depth_vs_length(ax, panel: dict) -> str:
-    """The fewest layers that solve the task at each length, a line per model (the models a
-    little apart vertically, so that equal depths stay visible); a model that does not solve a
-    length within the depths run is marked above the deepest, open."""
+    """The fewest layers that solve the task at each length, a line per model: solid where two
+    thirds of the seeds solve it, dashed where any seed does (the models a little apart
+    vertically, so that equal depths stay visible); a model that does not solve a length within
+    the depths run is marked above the deepest, open."""
     runs = panel["runs"]
     minimum = min_depth_by_length(runs)
+    any_seed = min_depth_by_length(runs, "min_layers_any")
     deepest = int(runs["layers"].max())
     lengths = [c for c in minimum.columns if c.startswith("length=")]
     xs = [int(c.split("=")[1]) for c in lengths]
@@ -265,14 +268,18 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
         apart = 0.06 * (number - (len(models) - 1) / 2)
         for heads, cells in minimum[minimum["model"] == model].groupby("heads"):
             found = cells.iloc[0][lengths].tolist()
-            solved = [float(v) + apart if str(v).isdigit() else np.nan for v in found]
+            loose = any_seed.loc[cells.index[0], lengths].tolist()
             label = f"{model}, {heads} heads" if several_heads else model
-            ax.plot(xs, solved, marker="o", lw=1.8, ms=4, color=colour(model, models),
-                    label=label)
+            for values, style, name in ((found, "-", label), (loose, "--", f"_{label} any")):
+                ax.plot(xs, [float(v) + apart if str(v).isdigit() else np.nan for v in values],
+                        marker="o", lw=1.8 if style == "-" else 1.0, ms=4, ls=style,
+                        color=colour(model, models), label=name)
             beyond = [x for x, v in zip(xs, found) if str(v).startswith(">")]
             ax.scatter(beyond, [deepest + 0.5 + apart] * len(beyond), marker="^", s=24,
                        facecolors="none", edgecolors=colour(model, models))
-            rows.append({"model": label, **dict(zip(lengths, found))})
+            rows.append({"model": label, **{length: f"{r} ({a})" for length, r, a
+                                            in zip(lengths, found, loose)}})
+    ax.plot([], [], ls="--", lw=1.0, color="black", label="dashed: any seed solves")
     ax.set_xlabel("length")
     ax.set_xticks(xs)
     ax.set_ylabel("minimum layers to solve")
@@ -283,7 +290,8 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
     line = f"{threshold.iloc[0]:g}" if len(threshold) else "its threshold"
     text = (f"## {panel['title']}: minimum layers to solve against length\n\n"
             f"Solved: two thirds of the seeds at or above {line} on test, at the learning rate "
-            f"val picked; >N: not solved up to N layers (drawn open above the deepest).\n\n")
+            f"val picked (solid); in brackets, and dashed, where any seed is; >N: not solved up "
+            f"to N layers (drawn open above the deepest).\n\n")
     return text + to_markdown(pd.DataFrame(rows))
 
 

@@ -25,24 +25,32 @@ from pathbench.runners.analysis.cells import (
 FORMATS = ("table", "csv", "markdown", "records")
 
 
+# The two readings of depth: the fewest layers at which the cell solves the task (two thirds of
+# its seeds: it learns it reliably), and at which any seed does (it can express it).
+READINGS = {"min_layers": "solved", "min_layers_any": "solved_seeds"}
+
+
 def min_layers_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Per task and model, the fewest layers at which the cell is solved on test at the learning
-    rate val picked (">N": not up to N)."""
+    """Per task, model and head count, the fewest layers at which the cell solves the task on
+    test at the learning rate val picked, and at which any of its seeds does (">N": not up to
+    N)."""
     rows = []
     solvable = table[table["solved_threshold"].notna()]
     for (task, model, heads), cells in solvable.groupby(["task", "model", "heads"], sort=False):
-        solved = cells[cells["solved"]]
-        rows.append({"task": task, "model": model, "heads": heads,
-                     "min_layers": str(int(solved["layers"].min())) if len(solved)
-                     else f">{int(cells['layers'].max())}"})
+        row = {"task": task, "model": model, "heads": heads}
+        for reading, column in READINGS.items():
+            found = cells[cells[column] > 0]
+            row[reading] = (str(int(found["layers"].min())) if len(found)
+                            else f">{int(cells['layers'].max())}")
+        rows.append(row)
     rank = {name: i for i, name in enumerate(model_order(table["model"]))}
-    return pd.DataFrame(rows, columns=["task", "model", "heads", "min_layers"]).sort_values(
+    return pd.DataFrame(rows, columns=["task", "model", "heads", *READINGS]).sort_values(
         ["task", "model", "heads"], key=lambda c: c.map(rank) if c.name == "model" else c,
         kind="stable").reset_index(drop=True)
 
 
-def min_depth_by_length(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per task, model and head count, the fewest layers that solve the task at each sequence
+def min_depth_by_length(frame: pd.DataFrame, reading: str = "min_layers") -> pd.DataFrame:
+    """Per task, model and head count, one reading of depth (`READINGS`) at each sequence
     length of the runs (a column "length=N" each; ">N": not up to N layers)."""
     column = length_column(frame["task"].iloc[0]) if len(frame) else None
     lengths = frame[column] if column in frame else pd.Series(None, frame.index)
@@ -54,7 +62,7 @@ def min_depth_by_length(frame: pd.DataFrame) -> pd.DataFrame:
     if not found:
         return pd.DataFrame()
     wide = pd.DataFrame(found).pivot(index=["task", "model", "heads"], columns="column",
-                                     values="min_layers")
+                                     values=reading)
     columns = sorted(wide.columns, key=lambda c: (len(c), c))  # length=8 before length=12
     wide = wide[columns].reset_index().fillna("")
     rank = {name: i for i, name in enumerate(model_order(wide["model"]))}
@@ -62,9 +70,23 @@ def min_depth_by_length(frame: pd.DataFrame) -> pd.DataFrame:
                             else c, kind="stable").reset_index(drop=True)
 
 
+def both_readings(frame: pd.DataFrame) -> pd.DataFrame:
+    """`min_depth_by_length` with both readings in each cell: "reliably (any seed)"."""
+    reliable, any_seed = (min_depth_by_length(frame, reading) for reading in READINGS)
+    if reliable.empty:
+        return reliable
+    lengths = [c for c in reliable.columns if c not in ("task", "model", "heads")]
+    for column in lengths:
+        reliable[column] = [f"{r} ({a})" if r else "" for r, a in
+                            zip(reliable[column], any_seed[column])]
+    return reliable
+
+
 def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_text: bool = True
                   ) -> pd.DataFrame:
-    """The columns a reader wants, in order; per test split "mean ± sd [low, high]" text or
+    """The columns a reader wants, in order; for a task with a solved threshold the seeds that
+    solved it on the headline split, with the 95% Wilson interval of that rate; per test split
+    "mean ± sd [low, high]" text or
     (``as_text`` False, for CSV) numeric columns, SPLIT, SPLIT_std (a sample standard deviation)
     and, for a rate with counts, SPLIT_low and SPLIT_high (its pooled 95% Wilson interval).
     Per run, each rate with a count of scored positions also gets its 95% Wilson interval
@@ -87,6 +109,14 @@ def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_te
     shown["ok/seeds"] = [f"{ok}/{seeds}" for ok, seeds in zip(table["ok"], table["seeds"])]
     unit = " (%)" if set(table["metric"]) == {"error"} else ""
     headline = splits[0] if splits else None
+    if table["solved_threshold"].notna().any():  # seeds that solved, with the rate's interval
+        column = f"solved/seeds ({headline})"
+        if as_text:
+            shown[column] = [f"{k}/{n} [{low:.2f}, {high:.2f}]" for k, n, low, high in zip(
+                table["solved_seeds"], table["seeds"], table["solve_low"], table["solve_high"])]
+        else:
+            shown[f"solved_seeds ({headline})"] = table["solved_seeds"]
+            shown["solve_low"], shown["solve_high"] = table["solve_low"], table["solve_high"]
     for column in [c for c in frame.columns
                    if c.startswith(f"baseline:{headline}:") and frame[c].notna().any()]:
         rule = column.rsplit(":", 1)[1].replace("_", " ")
@@ -193,11 +223,11 @@ def results_text(frame: pd.DataFrame, table: pd.DataFrame, per_run: bool, fmt: s
         sections.append(f"{heading}\n{render(shown.drop(columns='task'), fmt)}")
         if not per_run and task_frame["solved_threshold"].notna().any() \
                 and task_frame["layers"].nunique() > 1:
-            depth = min_depth_by_length(task_frame).drop(columns="task")
+            depth = both_readings(task_frame).drop(columns="task")
             threshold = task_frame["solved_threshold"].dropna().iloc[0]
-            sections.append(f"{name}: minimum layers to solve (two thirds of the seeds at "
-                            f">= {threshold:g} on test, at the learning rate val picked)\n"
-                            f"{render(depth, fmt)}")
+            sections.append(f"{name}: minimum layers to solve: two thirds of the seeds at "
+                            f">= {threshold:g} on test (in brackets: any seed), at the learning "
+                            f"rate val picked\n{render(depth, fmt)}")
     note = ("one row per run; rates with their 95% Wilson interval" if per_run else
             "learning rate picked on val (--all-lrs: every one); test splits: mean ± sample "
             "standard deviation (n - 1) over the seeds that finished ok; [low, high]: the 95% "
