@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import PurePosixPath
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 from conftest import cli, sweep_counts
 
@@ -100,7 +101,11 @@ def test_strict_configuration_errors():
     with pytest.raises(UserError, match="train.early_stop must be in"):
         train_config({"early_stop": "1.5"})
     assert train_config({"early_stop": "none"}).early_stop is None
-    with pytest.raises(UserError, match="train.schedule must be one of cosine, constant, got 'linear'"):
+    for key, value, rule in (("decay", "0", "in \\(0, 1\\]"), ("patience", "0", ">= 1 or none")):
+        with pytest.raises(UserError, match=f"train.{key} must be {rule}, got"):
+            train_config({key: value})
+    with pytest.raises(UserError,
+                       match="train.schedule must be one of cosine, constant, wsd, got 'linear'"):
         train_config({"schedule": "linear"})
     assert train_config({"eval_sizes": "sparse:100, dense:5"}).eval_sizes == {"sparse": 100, "dense": 5}
     assert train_config({"eval_sizes": {"sparse": 7.0}}).eval_sizes == {"sparse": 7}
@@ -453,6 +458,45 @@ def test_a_cell_has_a_solve_rate_and_depth_two_readings(tmp_path):
     assert (readings["min_layers"], readings["min_layers_any"]) == ("2", "1")
 
 
+def test_a_model_cut_short_by_its_budget_is_unresolved_not_unsolved(tmp_path):
+    """rope at 1 and 2 layers solves nowhere; at 2 layers one run was still improving at its
+    step cap, so its depth is ">2?" (unresolved); path's runs say nothing of it (older records)
+    and stay ">2"."""
+    for model in ("rope", "path"):
+        grid = Grid(task="a5", models=[model], layers=[1, 2], seeds=[0, 1, 2],
+                    sets=["task.length=8"])
+        for index, run in enumerate(grid.runs("cpu")):
+            record = _fake_record(run, 0.5)
+            if model == "rope":
+                record["budget_limited"] = run.model.layers == 2 and index % 3 == 0
+            store.write_json_atomic(tmp_path / run.run_id / "result.json", record)
+    table = aggregate(load_frame(tmp_path))
+    counts = {(m, l): c for m, l, c in zip(table["model"], table["layers"],
+                                           table["budget_limited"])}
+    assert counts[("rope", 1)] == 0 and counts[("rope", 2)] == 1
+    assert pd.isna(counts[("path", 1)]) and pd.isna(counts[("path", 2)])
+    readings = min_layers_table(table).set_index("model")
+    assert readings.loc["rope", "min_layers"] == ">2?" and readings.loc["path", "min_layers"] == ">2"
+
+
+@pytest.mark.parametrize("record, expected", [
+    ({"budget_limited": True}, True),  # a record that says so
+    ({"curve": [0.5, 0.6, 0.7]}, True),  # at the cap, a new best at the last check
+    ({"curve": [0.5, 0.7, 0.7]}, False),  # at the cap, no new best at the last check
+    ({"curve": [0.5, 0.6, 0.7], "stopped_early": True, "steps": 6}, False),  # ended early
+    ({"curve": []}, None),  # nothing tells
+])
+def test_an_older_record_is_judged_budget_limited_by_its_curve(record, expected):
+    from pathbench.runners.analysis.records import budget_limited
+
+    full = {"status": "ok", "steps": 10, "stopped_early": False, "primary_metric": "accuracy",
+            "config": {"train": {"steps": 10}}, **record}
+    if "curve" in record:
+        full["curve"] = [{"step": 2 * i, "validation": {"accuracy": value}}
+                         for i, value in enumerate(record["curve"], 1)]
+    assert budget_limited(full) is expected
+
+
 def test_val_decides_solved_for_the_sweep_and_test_for_the_tables(tmp_path):
     _write_cell(tmp_path, val=[0.95, 0.95, 0.2], test=[0.95, 0.2, 0.2])
     table = aggregate(load_frame(tmp_path))
@@ -589,6 +633,66 @@ def test_learning_rate_warms_up_then_decays_to_zero():
     assert lr_factor(9, total=100, warmup=500) == 1.0
     constant = [lr_factor(step, total=1000, warmup=100, schedule="constant") for step in range(1000)]
     assert constant[:100] == factors[:100] and set(constant[100:]) == {1.0}
+
+
+def test_wsd_holds_the_peak_then_decays_linearly_and_a_longer_budget_keeps_its_start():
+    from pathbench.runners.training.loop import lr_factor
+
+    def wsd(total):
+        return [lr_factor(step, total=total, warmup=100, schedule="wsd", decay=0.2)
+                for step in range(total)]
+
+    short, long = wsd(1000), wsd(2000)
+    assert short[:100] == [(step + 1) / 100 for step in range(100)]  # the warm-up
+    assert set(short[100:800]) == {1.0}  # the stable part
+    # the last fifth decays linearly: 200 steps from 1 down to 1/200
+    assert short[800:] == pytest.approx([(1000 - step) / 200 for step in range(800, 1000)])
+    assert long[:800] == short[:800]  # a longer budget changes nothing before its decay
+
+
+def _scripted_val(monkeypatch, values):
+    """A tiny flip-flop model, its task and device, with val's accuracy at the successive
+    checks scripted to be ``values``."""
+    import torch
+
+    from pathbench.models import build_model, model_config
+    from pathbench.runners.training import loop
+    from pathbench.tasks import make_task
+
+    checks = iter(values)
+    real_evaluate = loop.evaluate
+
+    def scripted(model, members, task, data, batch_tokens, device):
+        if data.split != "val":
+            return real_evaluate(model, members, task, data, batch_tokens, device)
+        return [{"accuracy": next(checks)}] * members
+
+    monkeypatch.setattr(loop, "evaluate", scripted)
+    task = make_task("flipflop", {"length": 16})
+    model = build_model(model_config({"attention": "rope", "layers": 1, "heads": 2,
+                                      "d_model": 16, "vocab_size": len(task.vocab)}))
+    return model, task, torch.device("cpu")
+
+
+@pytest.mark.parametrize("values, patience, outcome", [
+    # (val at each of the checks every 2 steps, patience, (steps, stop reason, budget-limited))
+    ([0.5, 0.6, 0.6, 0.6, 0.7], 2, (8, "patience", False)),  # no new best at steps 6 and 8
+    ([0.5, 0.6, 0.6, 0.7, 0.8], 2, (10, "step cap", True)),  # still improving at the cap
+    ([0.5, 0.6, 0.7, 0.6, 0.6], 3, (10, "step cap", True)),  # best two checks before the cap
+    ([0.5, 0.6, 0.7, 0.6, 0.6], None, (10, "step cap", False)),  # no new best at the last
+    ([0.5, 0.9, 0.9, 0.9, 0.9], None, (4, "threshold", False)),  # early stop at 0.9
+])
+def test_runs_end_when_val_stops_improving_and_say_whether_the_budget_cut_them(
+        monkeypatch, values, patience, outcome):
+    from pathbench.runners.training.config import train_config
+    from pathbench.runners.training.loop import Member, train
+
+    model, task, device = _scripted_val(monkeypatch, values)
+    settings = train_config({"steps": 10, "batch_size": 4, "eval_every": 2, "eval_num": 8,
+                             "early_stop": 0.9, "patience": patience})
+    [result] = train(model, task, settings, [Member(0, 1e-3, [])], device, progress=False)
+    assert (result.steps, result.stop_reason, result.budget_limited) == outcome
+    assert result.stopped_early == (outcome[1] in ("threshold", "patience"))
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(),

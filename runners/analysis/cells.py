@@ -42,7 +42,8 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
     ``val_solved`` and ``solved`` say whether two thirds of the seeds reach the task's threshold
     on val and on the headline test split; ``solved_seeds`` counts the seeds that reach it on
     the headline split, with the 95% Wilson interval of that solve rate (solve_low,
-    solve_high). A rate with a count of scored positions also gets the 95% Wilson interval of
+    solve_high); ``budget_limited`` counts the runs that ended at their step cap with val still
+    improving (None where the records do not say). A rate with a count of scored positions also gets the 95% Wilson interval of
     the rate pooled over the seeds (SPLIT_low, SPLIT_high)."""
     shown_config = varying_config_columns(frame)
     rows = []
@@ -72,6 +73,8 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
         row["solved_seeds"] = solved_seeds(headline, threshold)
         row["solve_low"], row["solve_high"] = wilson_interval(row["solved_seeds"] / len(runs),
                                                               len(runs))
+        known = runs["budget_limited"].dropna() if "budget_limited" in runs else []
+        row["budget_limited"] = int((known == True).sum()) if len(known) else None  # noqa: E712
         rows.append(row)
     table = pd.DataFrame(rows)
     if best_lr and len(table):

@@ -291,7 +291,8 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
     text = (f"## {panel['title']}: minimum layers to solve against length\n\n"
             f"Solved: two thirds of the seeds at or above {line} on test, at the learning rate "
             f"val picked (solid); in brackets, and dashed, where any seed is; >N: not solved up "
-            f"to N layers (drawn open above the deepest).\n\n")
+            f"to N layers (drawn open above the deepest); >N?: unresolved, some runs still "
+            f"improving when their budget ended.\n\n")
     return text + to_markdown(pd.DataFrame(rows))
 
 

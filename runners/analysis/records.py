@@ -5,6 +5,7 @@ CSV that `records_csv` writes (``pathbench results --format records``)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -25,6 +26,7 @@ def record_row(record: dict) -> dict:
         "heads": model["heads"], "d_model": model["d_model"], "lr": train["lr"],
         "seed": config["seed"], "status": record["status"], "steps": record["steps"],
         "wall_time_s": record["provenance"].get("wall_time_s"),
+        "budget_limited": budget_limited(record),
         "primary_metric": record.get("primary_metric") or "accuracy",
         "solved_threshold": record.get("solved_threshold"),
         "splits": list(record["metrics"]),  # the test splits
@@ -47,6 +49,22 @@ def record_row(record: dict) -> dict:
     return row
 
 
+def budget_limited(record: dict) -> bool | None:
+    """Whether the run ended at its step cap with val still improving. Records written before
+    runs said so are judged by their curve (given under "curve"): ended at the cap, not early,
+    with a new best val primary metric at the last check; None where neither tells."""
+    if "budget_limited" in record:
+        return record["budget_limited"]
+    points = [point for point in record.get("curve") or [] if point.get("validation")]
+    if record["status"] != "ok" or not points:
+        return None
+    if record.get("stopped_early") or record["steps"] < record["config"]["train"]["steps"]:
+        return False
+    metric = record.get("primary_metric") or "accuracy"
+    values = [point["validation"].get(metric, -math.inf) for point in points]
+    return len(values) == 1 or values[-1] > max(values[:-1])
+
+
 def _hashable(value):
     return store.canonical_json(value) if isinstance(value, (list, dict)) else value
 
@@ -59,7 +77,7 @@ def load_frame(root: Path, only: set[str] | None = None, skip=None) -> pd.DataFr
         frame = read_records(Path(root))
         return frame if only is None else frame[frame["run_id"].isin(only)]
     rows = []
-    for run_dir, record in store.iter_results(root, only, skip):
+    for run_dir, record in store.iter_results(root, only, skip, curves=True):
         record["run_dir"] = str(run_dir)
         rows.append(record_row(record))
     return pd.DataFrame(rows)

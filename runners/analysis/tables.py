@@ -33,15 +33,17 @@ READINGS = {"min_layers": "solved", "min_layers_any": "solved_seeds"}
 def min_layers_table(table: pd.DataFrame) -> pd.DataFrame:
     """Per task, model and head count, the fewest layers at which the cell solves the task on
     test at the learning rate val picked, and at which any of its seeds does (">N": not up to
-    N)."""
+    N; ">N?": unresolved, for some of the cells' runs were still improving when their budget
+    ended)."""
     rows = []
     solvable = table[table["solved_threshold"].notna()]
     for (task, model, heads), cells in solvable.groupby(["task", "model", "heads"], sort=False):
         row = {"task": task, "model": model, "heads": heads}
+        cut_short = bool(pd.to_numeric(cells["budget_limited"]).fillna(0).gt(0).any())
         for reading, column in READINGS.items():
             found = cells[cells[column] > 0]
             row[reading] = (str(int(found["layers"].min())) if len(found)
-                            else f">{int(cells['layers'].max())}")
+                            else f">{int(cells['layers'].max())}" + ("?" if cut_short else ""))
         rows.append(row)
     rank = {name: i for i, name in enumerate(model_order(table["model"]))}
     return pd.DataFrame(rows, columns=["task", "model", "heads", *READINGS]).sort_values(
@@ -109,6 +111,9 @@ def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_te
     shown["ok/seeds"] = [f"{ok}/{seeds}" for ok, seeds in zip(table["ok"], table["seeds"])]
     unit = " (%)" if set(table["metric"]) == {"error"} else ""
     headline = splits[0] if splits else None
+    if table["budget_limited"].notna().any():
+        shown["budget-limited"] = ["" if pd.isna(count) else f"{int(count)}/{n}" for count, n
+                                   in zip(table["budget_limited"], table["seeds"])]
     if table["solved_threshold"].notna().any():  # seeds that solved, with the rate's interval
         column = f"solved/seeds ({headline})"
         if as_text:
@@ -227,7 +232,8 @@ def results_text(frame: pd.DataFrame, table: pd.DataFrame, per_run: bool, fmt: s
             threshold = task_frame["solved_threshold"].dropna().iloc[0]
             sections.append(f"{name}: minimum layers to solve: two thirds of the seeds at "
                             f">= {threshold:g} on test (in brackets: any seed), at the learning "
-                            f"rate val picked\n{render(depth, fmt)}")
+                            f"rate val picked; >N?: unresolved, some runs still improving when "
+                            f"their budget ended\n{render(depth, fmt)}")
     note = ("one row per run; rates with their 95% Wilson interval" if per_run else
             "learning rate picked on val (--all-lrs: every one); test splits: mean ± sample "
             "standard deviation (n - 1) over the seeds that finished ok; [low, high]: the 95% "

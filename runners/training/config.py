@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 SECTIONS = ("task", "model", "train")
 DEVICES = ("auto", "cpu", "cuda")
-SCHEDULES = ("cosine", "constant")  # the learning rate after the warm-up
+SCHEDULES = ("cosine", "constant", "wsd")  # the learning rate after the warm-up
 # Every decision (early stopping, the learning rate a table picks, whether a model solved a task
 # for --until-solved) is made on this split; the test splits only report. Records say so.
 DECISION_SPLIT = "val"
@@ -64,13 +64,19 @@ class TrainConfig:
     batch_size: int = 32  # sequences per step, freshly generated every step
     lr: float = 1e-3  # peak learning rate of AdamW
     warmup: int = 100  # linear warm-up steps (at most a tenth of `steps`)
-    schedule: str = "cosine"  # after the warm-up: "cosine" decay to 0, or "constant"
+    # after the warm-up: "cosine" decay to 0, "constant", or "wsd": constant, then a linear
+    # decay to 0 over the last `decay` of the steps, so that a longer budget leaves the steps
+    # before its decay as they were
+    schedule: str = "cosine"
+    decay: float = 0.2  # the fraction of the steps in wsd's final decay
     weight_decay: float = 0.1  # AdamW decoupled weight decay (matrices only)
     grad_clip: float = 1.0  # maximum global gradient norm
     eval_every: int = 200  # steps between validation checks (early stopping, curve points)
     eval_num: int = 1024  # sequences of val and of each test split, unless eval_sizes names it
     eval_sizes: dict[str, int] = field(default_factory=dict)  # split -> sequences evaluated
     early_stop: float | None = 1.0  # stop when validation primary metric >= this; None: never
+    # stop after this many validation checks in a row without a new best; None: never
+    patience: int | None = None
 
 
 def _check_train(config: TrainConfig) -> None:
@@ -87,6 +93,8 @@ def _check_train(config: TrainConfig) -> None:
         ("eval_num", c.eval_num >= 1, ">= 1"),
         ("eval_sizes", all(size >= 1 for size in c.eval_sizes.values()), "sizes >= 1"),
         ("early_stop", c.early_stop is None or 0 < c.early_stop <= 1, "in (0, 1] or none"),
+        ("decay", 0 < c.decay <= 1, "in (0, 1]"),
+        ("patience", c.patience is None or c.patience >= 1, ">= 1 or none"),
     ]
     for key, ok, rule in checks:
         if not ok:

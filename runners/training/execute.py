@@ -136,7 +136,8 @@ def execute_runs(runs: list[Run], out: Path, progress: bool = True) -> list[dict
             "pack": [directory.name for directory in run_dirs],
         }
         records.append({"run_id": run_dir.name, "status": "failed", "reason": None, "steps": 0,
-                        "stopped_early": False, "primary_metric": None,
+                        "stopped_early": False, "stop_reason": None, "budget_limited": False,
+                        "primary_metric": None,
                         "solved_threshold": None, "metrics": {}, "validation": {},
                         "baselines": {}, "decisions": DECISIONS,
                         "config": run.config, "provenance": provenance})
@@ -181,7 +182,8 @@ def _record_outcome(record: dict, outcome, task, run_dir: Path) -> None:
     import torch
 
     record.update(status=outcome.status, reason=outcome.reason, steps=outcome.steps,
-                  stopped_early=outcome.stopped_early, metrics=outcome.metrics,
+                  stopped_early=outcome.stopped_early, stop_reason=outcome.stop_reason,
+                  budget_limited=outcome.budget_limited, metrics=outcome.metrics,
                   validation=outcome.validation, baselines=outcome.baselines,
                   primary_metric=task.primary_metric,
                   solved_threshold=task.solved_threshold)

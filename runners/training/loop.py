@@ -97,6 +97,11 @@ class Outcome:
     status: str  # "ok" or "diverged"
     steps: int  # optimizer steps taken (for "diverged": the step whose loss was not finite)
     stopped_early: bool
+    # why it ended: "threshold" (early stop), "patience", "step cap" or "diverged"; and, at
+    # the step cap, whether val was still improving (within the last `patience` checks, or at
+    # the last one): a run the budget cut short
+    stop_reason: str = "step cap"
+    budget_limited: bool = False
     metrics: dict = field(default_factory=dict)  # split -> metrics (empty when diverged)
     validation: dict = field(default_factory=dict)  # the last val metrics (the final model's)
     baselines: dict = field(default_factory=dict)  # split -> baseline name -> accuracy
@@ -151,15 +156,21 @@ def hash_and_baselines(task, splits: list[EvaluationSplit]) -> tuple[str, dict]:
     return digest.hexdigest(), baselines
 
 
-def lr_factor(step: int, total: int, warmup: int, schedule: str = "cosine") -> float:
+def lr_factor(step: int, total: int, warmup: int, schedule: str = "cosine",
+              decay: float = 0.2) -> float:
     """Multiplier of the peak learning rate at optimizer step ``step`` (0-based): a linear
-    warm-up, then cosine decay to zero ("cosine") or the peak until the end ("constant"). The
-    warm-up is capped at a tenth of the run, so that a shortened run keeps the same shape."""
+    warm-up, then cosine decay to zero ("cosine"), the peak until the end ("constant"), or the
+    peak until the last ``decay`` of the steps and a linear decay to zero over them ("wsd").
+    The warm-up is capped at a tenth of the run, so that a shortened run keeps the same
+    shape."""
     warmup_steps = min(warmup, total // 10)
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
         return 1.0
+    if schedule == "wsd":
+        decay_steps = max(1, round(decay * total))
+        return min(1.0, (total - step) / decay_steps)
     progress = (step - warmup_steps) / max(1, total - warmup_steps)
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
@@ -357,6 +368,8 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
 
     outcomes: list[Outcome | None] = [None] * count
     validation: list[dict] = [{} for _ in members]
+    # each member's best val primary metric, and the checks since it was last bettered
+    best, since_best = [-math.inf] * count, [0] * count
 
     def finish(member: int, outcome: Outcome, metrics=None) -> None:
         optimizer.freeze(member)
@@ -384,7 +397,7 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
                for member in members]
     step = 0
     for step in range(1, config.steps + 1):
-        factor = lr_factor(step - 1, config.steps, config.warmup, config.schedule)
+        factor = lr_factor(step - 1, config.steps, config.warmup, config.schedule, config.decay)
         optimizer.set_lr_factor(factor)
         batches = [next(stream) for stream in streams]
         unread_losses.append(step_fn(torch.cat([inputs for inputs, _ in batches]),
@@ -402,7 +415,7 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
             if bad:
                 bad_step = step - len(losses) + 1 + bad[0]
                 reason = f"loss became {losses[bad[0]][member]} at step {bad_step}"
-                finish(member, Outcome("diverged", bad_step, False, reason=reason))
+                finish(member, Outcome("diverged", bad_step, False, "diverged", reason=reason))
                 continue
             loss_sums[member] += sum(row[member] for row in losses)
         interval_steps += len(losses)
@@ -417,8 +430,13 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
             continue
 
         checked = evaluate(model, count, task, validation_set, batch_tokens, device)
-        stopped = []
+        stopped = {}  # member -> why
         for member in running:
+            value = checked[member][primary]
+            if value > best[member]:
+                best[member], since_best[member] = value, 0
+            else:
+                since_best[member] += 1
             validation[member] = checked[member]
             members[member].curve.append({
                 "step": step,
@@ -428,16 +446,18 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
                 "validation": checked[member],
                 "elapsed_s": round(time.perf_counter() - start, 3),
             })
-            if config.early_stop is not None and checked[member][primary] >= config.early_stop:
-                stopped.append(member)
+            if config.early_stop is not None and value >= config.early_stop:
+                stopped[member] = "threshold"
+            elif config.patience is not None and since_best[member] >= config.patience:
+                stopped[member] = "patience"
         loss_sums, interval_steps = [0.0] * count, 0
         correct.zero_()
         scored.zero_()
         bar.set_postfix(val=f"{max(checked[m][primary] for m in running):.3f}")
         if stopped and step < config.steps:
             metrics = final_metrics()
-            for member in stopped:
-                finish(member, Outcome("ok", step, True), metrics)
+            for member, why in stopped.items():
+                finish(member, Outcome("ok", step, True, why), metrics)
             if all(outcome is not None for outcome in outcomes):
                 break
     bar.close()
@@ -448,5 +468,6 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
         metrics = final_metrics()
         for member in range(count):
             if outcomes[member] is None:
-                finish(member, Outcome("ok", step, False), metrics)
+                improving = since_best[member] < (config.patience or 1)
+                finish(member, Outcome("ok", step, False, "step cap", improving), metrics)
     return outcomes

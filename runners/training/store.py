@@ -142,14 +142,15 @@ def split_archive_path(path: Path) -> tuple[Path, PurePosixPath] | None:
     return None
 
 
-def iter_results(root: Path, only: set[str] | None = None, skip=None
+def iter_results(root: Path, only: set[str] | None = None, skip=None, curves: bool = False
                  ) -> Iterator[tuple[Path, dict]]:
     """(run directory, record) for every run under ``root`` that has a result.json, in a stable
     order: ``root`` is a directory of run directories (or one run directory), a tar archive of
     them, or a folder inside such an archive. An archive is read in place, never extracted.
     ``only``: just the runs of these names (directory names). A damaged or incomplete record is
     a CorruptRecord naming it, as for read_result, or, given ``skip``, is passed over after
-    ``skip(message)``."""
+    ``skip(message)``. With ``curves``, each record also holds its run's training curve under
+    "curve" (a list of points; empty where the run has none)."""
     def checked(read, *args):
         try:
             return read(*args)
@@ -165,15 +166,21 @@ def iter_results(root: Path, only: set[str] | None = None, skip=None
             if only is None or run_dir.name in only:
                 record = checked(read_result, run_dir)
                 if record is not None:
+                    if curves:
+                        curve = run_dir / CURVE_FILE
+                        record["curve"] = parse_curve(curve.read_bytes() if curve.exists()
+                                                      else b"")
                     yield run_dir, record
         return
     path, folder = archive
-    records = []
+    records, curve_data = [], {}
     try:
         with tarfile.open(path, "r|*") as tar:
             for member in tar:  # one pass, in archive order (a stream: no seeking)
                 name = PurePosixPath(member.name.removeprefix("./"))
                 run_dir = name.parent
+                if curves and member.isfile() and name.name == CURVE_FILE:
+                    curve_data[run_dir] = tar.extractfile(member).read()
                 wanted = (member.isfile() and name.name == RESULT_FILE
                           and (run_dir == folder or folder in run_dir.parents)
                           and (only is None or run_dir.name in only))
@@ -187,7 +194,20 @@ def iter_results(root: Path, only: set[str] | None = None, skip=None
     except (tarfile.TarError, EOFError, OSError, lzma.LZMAError, zlib.error) as exc:
         raise UserError(f"cannot read the archive {path}: {exc}") from None
     for run_dir, record in sorted(records, key=lambda item: item[0].parts):
+        if curves:
+            record["curve"] = parse_curve(curve_data.get(run_dir, b""))
         yield path / run_dir, record
+
+
+def parse_curve(data: bytes) -> list[dict]:
+    """The points of a curve.jsonl; a line cut short by a kill ends it."""
+    points = []
+    for line in data.decode().splitlines():
+        try:
+            points.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return points
 
 
 class CurveWriter:
