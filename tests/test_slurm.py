@@ -81,7 +81,7 @@ def fake_slurm(monkeypatch, clock, ends, queue_says):
     jobs = []
 
     class Executor:
-        def __init__(self, folder, cluster):
+        def __init__(self, folder, cluster, **options):
             assert cluster == "slurm"
 
         def update_parameters(self, **params):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -201,6 +202,13 @@ class LocalPool:
                 worker.process.kill()
 
 
+# The job's Python starts with SIGUSR2 ignored (an ignored signal stays ignored across exec):
+# Slurm sends submitit's warning at once when the time limit is shorter than its delay, and
+# Python's default action for it, while the job still imports pathbench, is to die.
+_PYTHON_IGNORING_USR2 = (f"sh -c 'trap \"\" USR2; exec \"$0\" \"$@\"' "
+                         f"{shlex.quote(sys.executable)}")
+
+
 def _submitit_job(runs: list[Run], out: str) -> list[dict]:
     # submitit signals USR2 `signal_delay_s` before the time limit and, for a function that
     # cannot checkpoint, raises inside it: the pack's runs would be recorded as crashed. They
@@ -281,7 +289,8 @@ def run_slurm(next_pack, out: Path, workers: int, params: dict, report) -> None:
     except ModuleNotFoundError:
         raise UserError("--executor slurm needs submitit: pip install 'pathbench[slurm]'") from None
 
-    executor = submitit.AutoExecutor(folder=out / ".submitit", cluster="slurm")
+    executor = submitit.AutoExecutor(folder=out / ".submitit", cluster="slurm",
+                                     slurm_python=_PYTHON_IGNORING_USR2)
     try:
         executor.update_parameters(name="pathbench", **params)
     except (ValueError, TypeError) as exc:
