@@ -266,9 +266,11 @@ def test_shipped_sweep_files_resolve():
     mqrar = next(grid for grid in grids if grid.task == "mqrar")
     n_back = {c.task.config["n_back"] for c in mqrar.runs("cuda")}
     assert n_back == {1, 2, 3, 4}
-    # Word problems pack their two learning rates x three seeds; MQRAR fills the GPU alone.
-    assert {grid.task: grid.pack for grid in grids} == {"flipflop": 3, "a5": 6, "a4xz5": 6,
-                                                        "z60": 6, "mqrar": 1}
+    # Every grid searches a decade of learning rates; a cell's three learning rates x three
+    # seeds train as one pack, but MQRAR's runs, which fill the GPU alone.
+    assert all(grid.lrs == [1e-4, 3e-4, 1e-3] for grid in grids)
+    assert {grid.task: grid.pack for grid in grids} == {"flipflop": 9, "a5": 9, "a4xz5": 9,
+                                                        "z60": 9, "mqrar": 1}
     # A5's depth is searched at every length of the ladder, each length its own chain, and
     # tested at twice that length; the controls at the ladder's ends.
     lengths = {}
@@ -284,7 +286,7 @@ def test_shipped_sweep_files_resolve():
         assert file_settings["out"].startswith("results/runs/")
     _, heads = load_sweep_file(find_sweep_file("heads"))
     assert [(grid.task, grid.heads) for grid in heads] == [("flipflop", [1, 2, 4]), ("a5", [1, 2, 4])]
-    assert len(heads[1].runs("cuda")) == 3 * 4 * 3 * 2 * 3  # models x layers x heads x lrs x seeds
+    assert len(heads[1].runs("cuda")) == 3 * 4 * 3 * 3 * 3  # models x layers x heads x lrs x seeds
 
 
 def test_sweep_file_errors_name_the_problem(tmp_path):
@@ -495,6 +497,25 @@ def test_an_older_record_is_judged_budget_limited_by_its_curve(record, expected)
         full["curve"] = [{"step": 2 * i, "validation": {"accuracy": value}}
                          for i, value in enumerate(record["curve"], 1)]
     assert budget_limited(full) is expected
+
+
+def test_a_learning_rate_picked_on_an_edge_of_the_grid_is_flagged(tmp_path, capsys):
+    """path tries 1e-4, 3e-4, 1e-3 and val picks the middle one; rope picks the highest."""
+    best = {"path": 3e-4, "rope": 1e-3}
+    for model in best:
+        grid = Grid(task="a5", models=[model], layers=[2], lrs=[1e-4, 3e-4, 1e-3], seeds=[0],
+                    sets=["task.length=8"])
+        for run in grid.runs("cpu"):
+            accuracy = 0.9 if run.train.lr == best[model] else 0.5
+            store.write_json_atomic(tmp_path / run.run_id / "result.json",
+                                    _fake_record(run, accuracy))
+    table = aggregate(load_frame(tmp_path)).set_index("model")
+    assert table.loc["path", "lr"] == 3e-4 and not table.loc["path", "lr_at_edge"]
+    assert table.loc["rope", "lr"] == 1e-3 and table.loc["rope", "lr_at_edge"]
+    code, stdout, _ = cli(capsys, "results", tmp_path)
+    rows = {line.split()[0]: line for line in stdout.splitlines() if line.strip()[:4] in
+            ("path", "rope")}
+    assert "0.001 (edge)" in rows["rope"] and "(edge)" not in rows["path"]
 
 
 def test_val_decides_solved_for_the_sweep_and_test_for_the_tables(tmp_path):

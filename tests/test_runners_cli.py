@@ -150,7 +150,8 @@ def test_sweep_file_resume_results_plot_inspect(tmp_path, capsys, monkeypatch):
     code, stdout, _ = cli(capsys, "results", out, "--format", "csv")
     lines = stdout.strip().splitlines()
     assert lines[0].startswith(
-        "task,model,layers,heads,d_model,lr,metric,ok/seeds,chance (test),test,test_std,")
+        "task,model,layers,heads,d_model,lr,metric,ok/seeds,budget_limited,chance (test),test,"
+        "test_std,")
     assert len(lines) == 3  # path and rope, each averaged over two seeds
     code, stdout, _ = cli(capsys, "results", out, "--model", "path", "--runs",
                           "--format", "markdown")

@@ -43,7 +43,8 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
     on val and on the headline test split; ``solved_seeds`` counts the seeds that reach it on
     the headline split, with the 95% Wilson interval of that solve rate (solve_low,
     solve_high); ``budget_limited`` counts the runs that ended at their step cap with val still
-    improving (None where the records do not say). A rate with a count of scored positions also gets the 95% Wilson interval of
+    improving (None where the records do not say). ``lr_at_edge``: the learning rate is the
+    lowest or the highest of two or more the cell ran. A rate with a count of scored positions also gets the 95% Wilson interval of
     the rate pooled over the seeds (SPLIT_low, SPLIT_high)."""
     shown_config = varying_config_columns(frame)
     rows = []
@@ -77,6 +78,12 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
         row["budget_limited"] = int((known == True).sum()) if len(known) else None  # noqa: E712
         rows.append(row)
     table = pd.DataFrame(rows)
+    if len(table):  # a pick on the edge of a grid of learning rates may lie beyond it
+        grids = table.groupby("cell")["lr"].agg(["min", "max", "nunique"])
+        bounds = grids.loc[table["cell"]]
+        table["lr_at_edge"] = ((bounds["nunique"].to_numpy() > 1)
+                               & ((table["lr"].to_numpy() == bounds["min"].to_numpy())
+                                  | (table["lr"].to_numpy() == bounds["max"].to_numpy())))
     if best_lr and len(table):
         table = (table.sort_values(["ok", "score"], ascending=False, kind="stable")
                  .drop_duplicates("cell").sort_index())

@@ -86,7 +86,8 @@ def both_readings(frame: pd.DataFrame) -> pd.DataFrame:
 
 def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_text: bool = True
                   ) -> pd.DataFrame:
-    """The columns a reader wants, in order; for a task with a solved threshold the seeds that
+    """The columns a reader wants, in order; a learning rate val picked on an edge of the grid
+    it ran is marked "(edge)"; for a task with a solved threshold the seeds that
     solved it on the headline split, with the 95% Wilson interval of that rate; per test split
     "mean ± sd [low, high]" text or
     (``as_text`` False, for CSV) numeric columns, SPLIT, SPLIT_std (a sample standard deviation)
@@ -105,15 +106,25 @@ def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_te
         shown = table[[*config_columns, "metric"]].copy()
     for column in config_columns[:-1]:  # integers that pandas turned into floats beside NaN
         shown[column] = [tidy(value) for value in shown[column]]
+    if not per_run and table["lr_at_edge"].any():  # the pick lies on an edge of the grid
+        if as_text:
+            shown["lr"] = [f"{lr:g}" + (" (edge)" if edge else "")
+                           for lr, edge in zip(shown["lr"], table["lr_at_edge"])]
+        else:
+            shown["lr_at_edge"] = table["lr_at_edge"]
     if per_run:
         return _with_intervals(shown, as_text)
     splits = list(dict.fromkeys(s for split_list in frame["splits"] for s in split_list))
     shown["ok/seeds"] = [f"{ok}/{seeds}" for ok, seeds in zip(table["ok"], table["seeds"])]
     unit = " (%)" if set(table["metric"]) == {"error"} else ""
     headline = splits[0] if splits else None
-    if table["budget_limited"].notna().any():
-        shown["budget-limited"] = ["" if pd.isna(count) else f"{int(count)}/{n}" for count, n
-                                   in zip(table["budget_limited"], table["seeds"])]
+    if table["budget_limited"].notna().any():  # runs cut short by their budget
+        if as_text:
+            shown["budget-limited"] = ["" if pd.isna(count) else f"{int(count)}/{n}"
+                                       for count, n in zip(table["budget_limited"],
+                                                           table["seeds"])]
+        else:
+            shown["budget_limited"] = table["budget_limited"]
     if table["solved_threshold"].notna().any():  # seeds that solved, with the rate's interval
         column = f"solved/seeds ({headline})"
         if as_text:
