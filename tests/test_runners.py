@@ -548,14 +548,15 @@ def test_wilson_interval():
         assert wilson_interval(successes / n, n) == pytest.approx(_wilson_bounds(successes, n))
 
 
-def test_a_cells_interval_is_that_of_the_rate_pooled_over_its_scored_positions(tmp_path):
-    """Three seeds right on 90 of 100, 50 of 100 and 40 of 200 positions: 180 of 400 pooled
-    (0.45), where the plain mean over seeds is 0.533."""
+def test_a_cells_interval_is_that_of_the_pooled_rate_counting_each_read_once(tmp_path):
+    """Three seeds right on 90 of 100, 50 of 100 and 40 of 200 scored positions: 180 of 400
+    pooled (0.45), where the plain mean over seeds is 0.533; the seeds read the same evaluation
+    sequences, so the interval is that of 0.45 on the 200 distinct reads, not on 400."""
     _write_cell(tmp_path, val=[0.9, 0.5, 0.2], scored=[100, 100, 200])
     row = aggregate(load_frame(tmp_path)).iloc[0]
     assert row["test"] == pytest.approx(1.6 / 3)  # the mean over seeds, beside the interval
-    assert (row["test_low"], row["test_high"]) == pytest.approx(_wilson_bounds(180, 400))
-    assert (row["test_low"], row["test_high"]) == pytest.approx((0.4020, 0.4990), abs=1e-4)
+    assert (row["test_low"], row["test_high"]) == pytest.approx(_wilson_bounds(90, 200))
+    assert (row["test_low"], row["test_high"]) == pytest.approx((0.3826, 0.5192), abs=1e-4)
 
 
 def test_a_model_goes_deeper_without_waiting_for_others_and_grids_take_turns(tmp_path):

@@ -6,8 +6,9 @@ most often without diverging and, among those, had the highest mean of the prima
 mean over its seeds at that learning rate (runs that diverged or failed have no metrics), and
 its spread the sample standard deviation over those seeds (n - 1) or their min..max. A rate
 measured on N scored positions also has its 95% Wilson interval: per run, and in a cell's row
-that of the rate pooled over its seeds' scored positions, which says how finely the evaluation
-data resolve the rate (the spread over seeds is beside it). Whether a cell solved its task is
+that of the rate pooled over its seeds, with each distinct read counted once (the seeds read
+the same evaluation sequences), which says how finely the evaluation data resolve the rate
+(the spread over seeds is beside it). Whether a cell solved its task is
 `pathbench.runners.analysis.solved`'s rule.
 """
 
@@ -95,15 +96,18 @@ def _values(runs: pd.DataFrame, column: str) -> pd.Series:
 
 
 def _pooled_interval(runs: pd.DataFrame, split: str, metric: str) -> tuple[float, float]:
-    """The 95% Wilson interval of a rate pooled over the runs' scored positions of ``split``
-    (in the metric's unit); NaN where the metric is not a rate with counts."""
+    """The 95% Wilson interval of the rate pooled over the runs' scored positions of ``split``
+    (in the metric's unit), counting each distinct read once: a cell's seeds are scored on the
+    same evaluation sequences, so the reads behind the pooled rate are those of one run (the
+    most any run scored). NaN where the metric is not a rate with counts."""
     if metric not in RATE_METRICS or f"{split}:scored" not in runs:
         return math.nan, math.nan
     both = runs[[f"{split}:{metric}", f"{split}:scored"]].dropna()
     total = int(both.iloc[:, 1].sum())
     if not total:
         return math.nan, math.nan
-    return rate_interval(float((both.iloc[:, 0] * both.iloc[:, 1]).sum()) / total, total, metric)
+    rate = float((both.iloc[:, 0] * both.iloc[:, 1]).sum()) / total
+    return rate_interval(rate, int(both.iloc[:, 1].max()), metric)
 
 
 def rate_interval(value: float, n: int, metric: str) -> tuple[float, float]:

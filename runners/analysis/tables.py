@@ -248,5 +248,5 @@ def results_text(frame: pd.DataFrame, table: pd.DataFrame, per_run: bool, fmt: s
     note = ("one row per run; rates with their 95% Wilson interval" if per_run else
             "learning rate picked on val (--all-lrs: every one); test splits: mean ± sample "
             "standard deviation (n - 1) over the seeds that finished ok; [low, high]: the 95% "
-            "Wilson interval of the rate pooled over their scored positions")
+            "Wilson interval of the rate pooled over those seeds, each distinct read counted once")
     return "\n\n".join(sections) + f"\n\n({note})"
