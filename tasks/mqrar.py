@@ -71,10 +71,12 @@ class Mqrar(Task):
     The first query asks for K0's value before its latest (V3, not V1), the second for K1's
     (V0, not V2), the third for K0's second most recent of V3, V1, V2 (V1).
 
-    Baselines (`baselines`): ``chance`` (1 / num_values) and ``latest_assignment``, the
-    accuracy of answering with the key's latest value, i.e. the N = 1 answer: 1.0 when
-    ``n_back`` is 1, and for ``n_back`` > 1 what a model scores that has not learnt to look past
-    the latest assignment.
+    Baselines (`baselines`), scored on the same data: ``chance`` (1 / num_values);
+    ``latest_assignment``, answering with the key's latest value, i.e. the N = 1 answer: 1.0
+    when ``n_back`` is 1, and for ``n_back`` > 1 what a model scores that has not learnt to look
+    past the latest assignment; ``first_assignment``, the key's first value; and
+    ``copy_after_mention``, the token that followed the key's previous mention (its latest
+    value, unless the key was queried since, when the copy is not a value at all).
 
     Splits: ``train``, ``val`` and ``test``, all ``length`` tokens. Length generalisation: each
     N of ``eval_lengths`` (each greater than ``length``) adds a test split ``test_N`` of N-token
@@ -207,26 +209,64 @@ class Mqrar(Task):
         return inputs, targets
 
     def baselines(self, dataset, split):
-        """``chance`` and ``latest_assignment`` (see the class docstring), on ``dataset``."""
+        """``chance`` and the rules of the class docstring, on ``dataset``."""
         return {
             "chance": 1.0 / self.options.num_values,
             "latest_assignment": self.latest_assignment(dataset.inputs),
+            "first_assignment": self.first_assignment(dataset.inputs),
+            "copy_after_mention": self.copy_after_mention(dataset.inputs),
         }
 
     def latest_assignment(self, inputs: np.ndarray) -> np.ndarray:
         """Predictions [num, length] of the rule "answer a query with the latest value assigned
         to its key", read from the tokens alone (the pad token where there is no query)."""
+        return self._answer_queries(inputs, lambda kept, value: value)
+
+    def first_assignment(self, inputs: np.ndarray) -> np.ndarray:
+        """Predictions of the rule "answer with the first value assigned to the key"."""
+        return self._answer_queries(inputs, lambda kept, value: np.where(kept == self._pad,
+                                                                          value, kept))
+
+    def copy_after_mention(self, inputs: np.ndarray) -> np.ndarray:
+        """Predictions of the rule "answer with the token that followed the key's previous
+        mention", an assignment's value or, after a query of the key, the next item's first
+        token (which is never a value): what copying from the last mention would give."""
         o = self.options
-        query, pad = o.num_keys + o.num_values, o.num_keys + o.num_values + 1
         num, length = inputs.shape
-        predictions = np.full((num, length), pad, dtype=np.int64)
-        latest = np.full((num, o.num_keys), pad, dtype=np.int64)  # value token of each key
+        predictions = np.full((num, length), self._pad, dtype=np.int64)
+        followed = np.full((num, o.num_keys), self._pad, dtype=np.int64)
+        rows = np.arange(num)
+        for at in range(1, length):
+            previous, token = inputs[:, at - 1], inputs[:, at]
+            asked = rows[previous == self._query]  # token is the queried key
+            predictions[asked, at] = followed[asked, token[asked]]
+            mentioned = rows[previous < o.num_keys]  # token follows a mention of a key
+            followed[mentioned, previous[mentioned]] = token[mentioned]
+        return predictions
+
+    @property
+    def _query(self) -> int:
+        return self.options.num_keys + self.options.num_values
+
+    @property
+    def _pad(self) -> int:
+        return self._query + 1
+
+    def _answer_queries(self, inputs: np.ndarray, keep) -> np.ndarray:
+        """Predictions of a rule that answers a query from the values assigned to its key:
+        ``keep(kept, value)`` is what the rule holds for a key once ``value`` is assigned to it
+        (pad: nothing yet)."""
+        o = self.options
+        num, length = inputs.shape
+        predictions = np.full((num, length), self._pad, dtype=np.int64)
+        kept = np.full((num, o.num_keys), self._pad, dtype=np.int64)  # value token per key
         rows = np.arange(num)
         # Every item is two tokens and the first starts at position 0.
         for at in range(0, length - 1, ASSIGNMENT_TOKENS):
             first, second = inputs[:, at], inputs[:, at + 1]
             assigned = rows[first < o.num_keys]
-            latest[assigned, first[assigned]] = second[assigned]
-            asked = rows[first == query]
-            predictions[asked, at + 1] = latest[asked, second[asked]]
+            keys = first[assigned]
+            kept[assigned, keys] = keep(kept[assigned, keys], second[assigned])
+            asked = rows[first == self._query]
+            predictions[asked, at + 1] = kept[asked, second[asked]]
         return predictions

@@ -114,19 +114,28 @@ def test_the_latest_mention_shortcut_is_only_the_latest_assignment(n_back):
         assert correct / scored < 0.25
 
 
-def brute_force_latest_assignment(dataset):
-    correct = scored = 0
+def brute_force_rules(dataset):
+    """Accuracy of each rule, recounted from the token strings item by item."""
+    correct = {"latest_assignment": 0, "first_assignment": 0, "copy_after_mention": 0}
+    scored = 0
     for row in range(len(dataset)):
         tokens, targets = decode(dataset, row)
-        latest = {}
+        latest, first, after = {}, {}, {}
         for position in range(0, len(tokens) - 1, 2):
-            first, second = tokens[position], tokens[position + 1]
-            if first.startswith("K"):
-                latest[first] = second
-            elif first == "?":
-                correct += latest[second] == targets[position + 1]
+            head, second = tokens[position], tokens[position + 1]
+            if head.startswith("K"):
+                latest[head] = second
+                first.setdefault(head, second)
+            elif head == "?":
+                answer = targets[position + 1]
+                correct["latest_assignment"] += latest[second] == answer
+                correct["first_assignment"] += first[second] == answer
+                correct["copy_after_mention"] += after.get(second) == answer
                 scored += 1
-    return correct / scored
+            for at in (position, position + 1):  # what followed each mention of a key
+                if tokens[at].startswith("K") and at + 1 < len(tokens):
+                    after[tokens[at]] = tokens[at + 1]
+    return {rule: count / scored for rule, count in correct.items()}
 
 
 @pytest.mark.parametrize("n_back", [1, 2, 3])
@@ -134,13 +143,32 @@ def test_baselines_are_recounted_by_hand(n_back):
     task = make_task("mqrar", {"n_back": n_back, "num_keys": 3, "num_values": 5, "length": 61})
     dataset = task.generate(300, seed=4, split="val")
     baselines = task.baseline_scores(dataset, "val")
-    assert set(baselines) == {"chance", "latest_assignment"}
+    assert set(baselines) == {"chance", "latest_assignment", "first_assignment",
+                              "copy_after_mention"}
     assert baselines["chance"] == 1 / 5
-    assert baselines["latest_assignment"] == brute_force_latest_assignment(dataset)
+    recounted = brute_force_rules(dataset)
+    assert {rule: baselines[rule] for rule in recounted} == pytest.approx(recounted)
     if n_back == 1:
         assert baselines["latest_assignment"] == 1.0
+        assert baselines["copy_after_mention"] < 1.0  # a query since breaks the copy
     else:
         assert 0.1 < baselines["latest_assignment"] < 0.3  # 1/5 for independent values
+
+
+def test_the_rules_on_a_sequence_worked_by_hand():
+    """K0 V3 K0 V1 ? K0 ? K0 . at n_back 2: both queries ask for K0's value before its latest
+    (V3). The latest assignment says V1 twice, the first V3 twice; copying what followed K0's
+    previous mention gives V1, then "?" (the second query's previous mention is the first)."""
+    task = make_task("mqrar", {"n_back": 2, "num_keys": 1, "num_values": 4, "length": 9})
+    inputs = np.array([[task.vocab.index(token) for token in "K0 V3 K0 V1 ? K0 ? K0 .".split()]])
+    queried = [5, 7]
+
+    def answers(rule):
+        return [task.vocab[token] for token in getattr(task, rule)(inputs)[0, queried]]
+
+    assert answers("latest_assignment") == ["V1", "V1"]
+    assert answers("first_assignment") == ["V3", "V3"]
+    assert answers("copy_after_mention") == ["V1", "?"]
 
 
 def test_latest_assignment_predicts_only_at_queries():
