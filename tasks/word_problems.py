@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
+
+from pathbench import UserError
 
 from pathbench.tasks.base import (
     MAX_LENGTH,
@@ -47,9 +51,22 @@ def group_tables(group: str) -> tuple[list[str], np.ndarray]:
     return tokens, table
 
 
+WORDS = ("elements", "generators")
+
+
 @dataclass(frozen=True)
 class WordProblemConfig:
     length: int = option(20, "group elements per sequence", minimum=1, maximum=MAX_LENGTH)
+    words: str = option("elements", "what a word is made of: elements of the group, uniform, or "
+                        "its fixed generators and their inverses", choices=WORDS)
+
+
+def _array_form(cycle: tuple[int, ...], degree: int) -> tuple[int, ...]:
+    """The permutation of ``range(degree)`` that maps each point of ``cycle`` to the next."""
+    image = list(range(degree))
+    for point, following in zip(cycle, cycle[1:] + cycle[:1]):
+        image[point] = following
+    return tuple(image)
 
 
 class WordProblem(Task):
@@ -59,6 +76,14 @@ class WordProblem(Task):
     ``[1,2,0,3,4]``; the vocabulary is sorted by array form. A sequence is ``length`` elements
     drawn uniformly; the target at position t is x_0 * x_1 * ... * x_t, where p * q means
     "apply p, then q" (sympy's convention). Every position is scored.
+
+    With ``words=generators`` (for a group with fixed generators: A5's are the paper's g1 = (1 2
+    3), g2 = (1 2 4), g3 = (1 2 5), here on points 0..4) a word is drawn uniformly from the
+    generators and their inverses, written ``g1``..``g3`` and ``g1^-1``..``g3^-1`` (tokens after
+    the elements'), and the targets are the running products as elements, as above::
+
+        inputs   g1          g2^-1       g1
+        targets  [1,2,0,3,4] [0,2,3,1,4] [1,0,3,2,4]
 
     Splits: ``train``, ``val`` and ``test``, all of ``length`` elements. Length generalisation:
     each N of ``eval_lengths`` (each greater than ``length``) adds a test split ``test_N`` of
@@ -77,6 +102,7 @@ class WordProblem(Task):
     Config = WordProblemConfig
     length_setting = "length"
     solved_threshold = 0.9
+    generators: ClassVar[dict[str, tuple[int, ...]]] = {}  # name -> cycle, on points 0, 1, ...
     # Our choice, not the paper's: four heads of width 32 (d_model 128) and two layers as the
     # starting point of a depth sweep, on sequences of 20 elements, the short-sequence regime
     # in which Merrill et al. (2024) and PaTH compare the depth needed to reach 90% on A5.
@@ -103,26 +129,54 @@ class WordProblem(Task):
         super().__init__(overrides)
         self.vocab, self._table = group_tables(self.name)
         self.splits = ("train", "val", "test")
+        # the group elements a word's tokens stand for: every element, or the generators
+        self._letters = np.arange(len(self.vocab))
+        if self.options.words == "generators":
+            if not self.generators:
+                with_generators = [name for name, task in TASKS.entries().items()
+                                   if getattr(TASKS.get(name), "generators", None)]
+                raise UserError(f"task {self.name!r} has no fixed generators; words=generators "
+                                f"is for {', '.join(with_generators)}")
+            self._letters = self._generator_elements()
+
+    def _generator_elements(self) -> np.ndarray:
+        """The element indices of the generators and their inverses, in token order; adds
+        their tokens to the vocabulary."""
+        forms = [tuple(int(i) for i in token.strip("[]").split(",")) for token in self.vocab]
+        index = {form: number for number, form in enumerate(forms)}
+        degree = len(forms[0])
+        letters, names = [], []
+        for inverse in (False, True):
+            for name, cycle in self.generators.items():
+                letters.append(index[_array_form(cycle[::-1] if inverse else cycle, degree)])
+                names.append(name + ("^-1" if inverse else ""))
+        self.vocab = [*self.vocab, *names]
+        return np.array(letters)
 
     def sample(self, rng, num, split):
-        length = self.options.length
-        elements = rng.integers(0, len(self.vocab), size=(num, length))
+        length, order = self.options.length, len(self._table)
+        letters = rng.integers(0, len(self._letters), size=(num, length))
+        elements = self._letters[letters]
         products = np.empty_like(elements)
         products[:, 0] = elements[:, 0]
         for t in range(1, length):
             products[:, t] = self._table[products[:, t - 1], elements[:, t]]
-        return elements, products
+        inputs = elements if len(self._letters) == order else order + letters
+        return inputs, products
 
     def sample_tensors(self, generator, num, split):
         import torch
 
-        table = torch.as_tensor(self._table, device=generator.device)
-        elements = torch.randint(0, len(self.vocab), (num, self.options.length),
-                                 generator=generator, device=generator.device)
+        device, order = generator.device, len(self._table)
+        table = torch.as_tensor(self._table, device=device)
+        letters = torch.randint(0, len(self._letters), (num, self.options.length),
+                                generator=generator, device=device)
+        elements = torch.as_tensor(self._letters, device=device)[letters]
         products = [elements[:, 0]]
         for t in range(1, self.options.length):
             products.append(table[products[-1], elements[:, t]])
-        return elements, torch.stack(products, dim=1)
+        inputs = elements if len(self._letters) == order else order + letters
+        return inputs, torch.stack(products, dim=1)
 
     def metrics_from(self, tally, split):
         metrics = super().metrics_from(tally, split)
@@ -141,6 +195,8 @@ class WordProblem(Task):
 class A5WordProblem(WordProblem):
     name = "a5"
     description = "word problem on A5 (order 60, not solvable): running product of permutations"
+    # the PaTH paper's: (1 2 3), (1 2 4), (1 2 5) on points 1..5
+    generators = {"g1": (0, 1, 2), "g2": (0, 1, 3), "g3": (0, 1, 4)}
 
 
 @TASKS.register("s5")

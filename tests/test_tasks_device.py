@@ -121,3 +121,18 @@ def test_a_task_without_a_device_sampler_says_so():
     from test_tasks_interface import LegacyCount
 
     assert not LegacyCount().samples_on_device
+
+
+def test_words_over_generators_drawn_on_the_device_are_their_running_products():
+    task = make_task("a5", {"length": 6, "words": "generators"})
+    inputs, targets = drawn(task, num=2000)
+    order = len(task._table)
+    assert inputs.min() >= order and inputs.max() < len(task.vocab)  # generator tokens only
+    elements = task._letters[inputs - order]
+    products = elements[:, 0]
+    for t in range(6):
+        products = elements[:, 0] if t == 0 else task._table[products, elements[:, t]]
+        assert np.array_equal(targets[:, t], products)
+    counts = np.bincount(inputs.ravel() - order, minlength=6)
+    assert close(counts.min() / inputs.size, 1 / 6, inputs.size)
+    assert close(counts.max() / inputs.size, 1 / 6, inputs.size)

@@ -12,6 +12,7 @@ from sympy.combinatorics import Permutation
 from sympy.combinatorics.group_constructs import DirectProduct
 from sympy.combinatorics.named_groups import AlternatingGroup, CyclicGroup, SymmetricGroup
 
+from pathbench import UserError
 from pathbench.tasks import make_task
 
 GROUPS = {
@@ -146,3 +147,58 @@ def test_chance_baseline_is_one_over_the_order(name):
     task = make_task(name, {"length": 3})
     dataset = task.generate(4, seed=0, split="test")
     assert task.baseline_scores(dataset, "test") == {"chance": 1 / ORDERS[name]}
+
+
+def _forms(vocab):
+    return {token: tuple(int(i) for i in token.strip("[]").split(","))
+            for token in vocab if token.startswith("[")}
+
+
+def _times(p, q):
+    """p * q: apply p, then q (sympy's convention)."""
+    return tuple(q[p[i]] for i in range(len(p)))
+
+
+def test_a5_words_over_the_papers_generators_track_the_running_product():
+    task = make_task("a5", {"length": 12, "words": "generators"})
+    forms = _forms(task.vocab)
+    assert task.vocab[60:] == ["g1", "g2", "g3", "g1^-1", "g2^-1", "g3^-1"]
+    # the paper's g1 = (1 2 3), g2 = (1 2 4), g3 = (1 2 5), on points 0..4 here
+    letters = {"g1": (1, 2, 0, 3, 4), "g2": (1, 3, 2, 0, 4), "g3": (1, 4, 2, 3, 0)}
+    identity = (0, 1, 2, 3, 4)
+    for name, form in list(letters.items()):
+        inverse = tuple(form.index(i) for i in range(5))
+        assert _times(form, inverse) == identity
+        letters[name + "^-1"] = inverse
+    data = task.generate(200, seed=0, split="train")
+    for row in range(200):
+        product = identity
+        for t in range(12):
+            token = task.vocab[data.inputs[row, t]]
+            product = _times(product, letters[token])  # only generator tokens come in
+            assert forms[task.vocab[data.targets[row, t]]] == product
+    counts = np.bincount(data.inputs.ravel() - 60, minlength=6)
+    assert counts.min() > 300  # each of the six letters about 400 times in 2,400
+
+
+def test_the_documented_generator_word():
+    from pathbench.tasks.word_problems import WordProblem
+
+    lines = [line.split() for line in WordProblem.__doc__.splitlines()]
+    inputs = next(words[1:] for words in lines if words[:1] == ["inputs"])
+    targets = next(words[1:] for words in lines if words[:1] == ["targets"])
+    task = make_task("a5", {"length": 3, "words": "generators"})
+    forms, letters = _forms(task.vocab), task._letters
+    product = (0, 1, 2, 3, 4)
+    for token, target in zip(inputs, targets):
+        element = task.vocab[letters[task.vocab.index(token) - 60]]
+        product = _times(product, forms[element])
+        assert forms[target] == product
+
+
+def test_words_over_generators_need_a_group_that_has_them():
+    with pytest.raises(UserError, match="task 's5' has no fixed generators; words=generators "
+                                        "is for a5"):
+        make_task("s5", {"words": "generators"})
+    with pytest.raises(UserError, match="'words'"):
+        make_task("a5", {"words": "letters"})
