@@ -21,7 +21,8 @@ from pathbench.runners.analysis.records import load_frame
 def shown(figure) -> dict[str, dict]:
     """What each panel of a figure shows, by panel title: each labelled line's points (y None
     where the line breaks; a second line of the same label as "LABEL #2"), each labelled set of
-    bars' heights, and a heatmap's values (rows bottom up, None where blank)."""
+    bars' heights, and a heatmap's values (rows bottom up, None where blank); a second panel of
+    the same title as "TITLE #2"."""
     def number(value):
         return None if math.isnan(value) else round(float(value), 6)
 
@@ -45,7 +46,9 @@ def shown(figure) -> dict[str, dict]:
             panel["heatmap"] = [[None if blank[i, j] else number(values[i, j])
                                  for j in range(values.shape[1])]
                                 for i in range(values.shape[0])]
-        panels[ax.get_title()] = panel
+        title = ax.get_title()
+        panels[title + (f" #{sum(t.startswith(title) for t in panels) + 1}" if title in panels
+                        else "")] = panel
     return panels
 
 
@@ -297,3 +300,22 @@ def test_a_model_has_its_colour_by_name_and_no_two_models_share_one():
         colours = [colour(model, models) for model in models]
         assert len(set(colours)) == len(models)  # an eighth, or a twentieth, model too
         assert {m: colour(m, models) for m in builtins} == MODEL_COLOURS  # by name, any order
+
+
+def test_the_solved_length_against_depth_from_runs_at_one_length(tmp_path):
+    """A5 at length 16: path solves the first 4, 10 and 16 positions at 1, 2 and 3 layers (mean
+    of seeds 3, 4, 5 and so on), rope 2, 4, 6."""
+    for model, per_layer in (("path", [4, 10, 16]), ("rope", [2, 4, 6])):
+        for layers, solved in enumerate(per_layer, 1):
+            for seed in range(3):
+                _write_metrics(tmp_path, "a5", model, layers, seed, 0.5, {"test": {
+                    "accuracy": 0.5, "solved_length": solved - 1 + seed}},
+                    sets=["task.length=16"])
+    panels = plan_panels(load_frame(tmp_path))
+    assert [(p["kind"], p.get("metric")) for p in panels] == [("lines", None),
+                                                             ("lines", "solved_length")]
+    figure, tables = render(load_frame(tmp_path))
+    assert "solved_length (test) against layers" in tables
+    solved = shown(figure)["a5 (length 16, 500 steps) #2"]  # after accuracy against layers
+    assert solved["path"] == [(1, 4), (2, 10), (3, 16)] and solved["rope"] == [(1, 2), (2, 4),
+                                                                                (3, 6)]

@@ -9,6 +9,8 @@ The panels follow from what varies among a task's runs, the first of ``LAYOUTS``
 - otherwise one task setting (e.g. mqrar's n_back) -> accuracy against that setting;
 - otherwise -> a bar per model and test split (flip-flop's Table 1), showing the error in
   percent where the task reports one;
+- where depth varies and the task records it (word problems), the solved length (the longest
+  prefix of positions solved) against layers, at the longest length trained;
 - and, where the runs were also tested on longer sequences (``task.eval_lengths``: splits
   ``test_N``), the primary metric (or the error) against the evaluation length, a line per
   model and training length, at the fewest layers that solved the training length (or, if
@@ -134,6 +136,13 @@ def plan_panels(frame: pd.DataFrame) -> list[dict]:
                                            kind=kind, x=x, runs=own))
                     continue
                 panels.append(dict(title=_title(task, named, shown), kind=kind, x=x, runs=shown))
+            if (_varies(group, "layers") and "test:solved_length" in group
+                    and group["test:solved_length"].notna().any()):
+                # the longest prefix solved against depth, at the longest length trained
+                longest = (group[group[length] == group[length].max()] if length is not None
+                           else group)
+                panels.append(dict(title=_title(task, named, longest), kind="lines",
+                                   x="layers", runs=longest, metric="solved_length"))
             if _longer_splits(group):
                 title = _title(task, named, group) + ", longer tests"
                 panels.append(dict(title=title, kind="generalisation", x=None, runs=group))
@@ -204,8 +213,11 @@ def _x_label(x: str, value) -> str:
 
 
 def draw_lines(ax, panel: dict) -> str:
+    """The primary metric (or the panel's "metric") against x, a line per model; the baselines
+    and the solved line where the metric is the primary one."""
     runs, x = panel["runs"], panel["x"]
-    table = aggregate(runs)
+    table = aggregate(runs, panel.get("metric"))
+    primary = panel.get("metric") is None
     table[x] = [runs.loc[runs["cell"] == cell, x].iloc[0] for cell in table["cell"]]
     headline, metric = table["headline"].iloc[0], table["metric"].iloc[0]
     grid = sorted(table[x].unique())
@@ -228,8 +240,9 @@ def draw_lines(ax, panel: dict) -> str:
             markdown_rows.append({"model": label, **{
                 _x_label(x, v): "" if np.isnan(m) else f"{m:.3f}" if np.isnan(sd)
                 else f"{m:.3f} ± {sd:.2g}" for v, m, sd in zip(grid, means, sds)}})
-    markdown_rows += draw_baselines(ax, runs, headline, x)
-    threshold = table["solved_threshold"].dropna()
+    if primary:
+        markdown_rows += draw_baselines(ax, runs, headline, x)
+    threshold = table["solved_threshold"].dropna() if primary else pd.Series(dtype=float)
     if len(threshold):
         ax.axhline(threshold.iloc[0], color="black", ls=":", lw=1,
                    label=f"solved ({threshold.iloc[0]:.0%})")
@@ -237,6 +250,8 @@ def draw_lines(ax, panel: dict) -> str:
     ax.set_xticks(grid)
     ax.set_ylabel(f"{metric} ({headline})")
     ax.set_ylim(-0.02, 1.02) if metric == "accuracy" else None
+    if metric == "solved_length":  # positions, from none to the whole word
+        ax.set_ylim(-0.5, _single(runs, length_column(runs["task"].iloc[0])) + 0.5)
     ax.grid(alpha=0.3)
     title = f"{panel['title']}: {metric} ({headline}) against {ax.get_xlabel()}"
     text = f"## {title}\n\n{_spread_note(table)}\n\n"
