@@ -340,6 +340,34 @@ def test_a_restarted_run_starts_its_curve_again(tmp_path, capsys):
     assert steps() == [2, 4]
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
+def test_a_forced_rerun_cut_short_leaves_the_finished_run_as_it_was(tmp_path, capsys,
+                                                                   monkeypatch, stop):
+    """Ctrl-C, or a crash, while --force trains a finished run again: its record, weights and
+    curve stay as they were."""
+    from pathbench.runners.training import loop
+
+    out = tmp_path / "runs"
+    args = ["run", "flipflop", "--model", "rope", *TINY, "--out", out]
+    assert cli(capsys, *args)[0] == 0
+    [run_dir] = out.iterdir()
+    before = {path.name: path.read_bytes() for path in run_dir.iterdir()}
+    assert {"result.json", "model.pt", "curve.jsonl", "config.json"} <= set(before)
+
+    def cut_short(*args, **kwargs):
+        args[3][0].curve.append({"step": 1})  # the new curve had begun
+        raise stop("cut short")
+
+    monkeypatch.setattr(loop, "train", cut_short)
+    code, stdout, stderr = cli(capsys, *args, "--force")
+    assert code == (130 if stop is KeyboardInterrupt else 1)
+    if stop is RuntimeError:
+        assert "failed" in stdout and "the finished record in" in stderr
+    after = {path.name: path.read_bytes() for path in run_dir.iterdir()
+             if not path.name.endswith(".partial")}
+    assert after == before
+
+
 def test_run_refuses_to_replace_a_finished_run_unless_forced(tmp_path, capsys):
     out = tmp_path / "runs"
     args = ["run", "flipflop", "--model", "rope", *TINY, "--out", out]

@@ -82,6 +82,8 @@ def run(task, model, layers, heads, lr, seed, force, d_model, steps, batch_size,
 
     record = execute_run(resolved, out)
     click.echo(describe(record))
+    if record["status"] == "failed" and store.is_done(run_dir):
+        click.echo(f"  the finished record in {run_dir} is kept", err=True)
     table = summary_table(record)
     if table:
         click.echo(table)

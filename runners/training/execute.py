@@ -100,12 +100,10 @@ def execute_runs(runs: list[Run], out: Path, progress: bool = True) -> list[dict
     run_dirs = [Path(out) / run.run_id for run in runs]
     for run, run_dir in zip(runs, run_dirs):
         run_dir.mkdir(parents=True, exist_ok=True)
-        # A rerun of the same configuration starts clean: without result.json it counts as not
-        # done, and no weights of an earlier attempt stay behind.
-        (run_dir / store.RESULT_FILE).unlink(missing_ok=True)
-        (run_dir / store.WEIGHTS_FILE).unlink(missing_ok=True)
         store.write_json_atomic(run_dir / store.CONFIG_FILE, run.config)
+    # An earlier record of these runs stays until the new ones are complete (see store).
     curves = [store.CurveWriter(run_dir) for run_dir in run_dirs]
+    weights: list[dict | None] = [None] * len(runs)  # each run's final weights ("ok" only)
     device = torch.device(shared.device)
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
@@ -161,7 +159,8 @@ def execute_runs(runs: list[Run], out: Path, progress: bool = True) -> list[dict
             outcomes = train(model, task, shared.train, members, device, progress=progress,
                              label=label)
             for index, outcome in zip(indices, outcomes):
-                _record_outcome(records[index], outcome, task, run_dirs[index])
+                _record_outcome(records[index], outcome, task)
+                weights[index] = outcome.weights
     except Exception as exc:  # any crash of these runs is recorded, the caller goes on
         for record in records:
             if record["status"] == "failed":
@@ -171,16 +170,31 @@ def execute_runs(runs: list[Run], out: Path, progress: bool = True) -> list[dict
         for curve in curves:
             curve.close()
     wall_time = round(time.perf_counter() - clock, 3)
-    for record, run_dir in zip(records, run_dirs):
+    for record, run_dir, curve, state in zip(records, run_dirs, curves, weights):
         record["provenance"]["wall_time_s"] = wall_time
-        store.write_json_atomic(run_dir / store.RESULT_FILE, record)
         record["run_dir"] = str(run_dir)
+        if record["status"] == "failed" and _finished(run_dir):  # a forced rerun that crashed
+            curve.drop()
+            continue
+        curve.keep()
+        if state is None:
+            (run_dir / store.WEIGHTS_FILE).unlink(missing_ok=True)
+        else:
+            saved = {"model_config": record["config"]["model"], "state_dict": state}
+            store.write_atomic(run_dir / store.WEIGHTS_FILE, lambda f: torch.save(saved, f))
+        store.write_json_atomic(run_dir / store.RESULT_FILE, record)  # last: the run is done
     return records
 
 
-def _record_outcome(record: dict, outcome, task, run_dir: Path) -> None:
-    import torch
+def _finished(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a finished record (a damaged one counts as not)."""
+    try:
+        return store.is_done(run_dir)
+    except store.CorruptRecord:
+        return False
 
+
+def _record_outcome(record: dict, outcome, task) -> None:
     record.update(status=outcome.status, reason=outcome.reason, steps=outcome.steps,
                   stopped_early=outcome.stopped_early, stop_reason=outcome.stop_reason,
                   budget_limited=outcome.budget_limited, metrics=outcome.metrics,
@@ -188,6 +202,3 @@ def _record_outcome(record: dict, outcome, task, run_dir: Path) -> None:
                   primary_metric=task.primary_metric,
                   solved_threshold=task.solved_threshold)
     record["provenance"]["dataset_hash"] = outcome.dataset_hash
-    if outcome.status == "ok":
-        weights = {"model_config": record["config"]["model"], "state_dict": outcome.weights}
-        store.write_atomic(run_dir / store.WEIGHTS_FILE, lambda f: torch.save(weights, f))

@@ -3,15 +3,19 @@
 A run directory ``OUT/<run_id>/`` holds
 
 - ``config.json``  the fully resolved run configuration (written first),
-- ``curve.jsonl``  the training curve, one JSON object a line, appended while training,
+- ``curve.jsonl``  the training curve, one JSON object a line (``curve.jsonl.partial`` while
+                   the run trains),
 - ``model.pt``     the final weights (runs that finished with status "ok"),
 - ``result.json``  status, metrics per split, config and provenance (written last).
 
-``result.json`` is the completion marker: a run is done exactly when it exists. Every JSON file
+``result.json`` is the completion marker: a run is done exactly when it exists. A run trained
+again (``run --force``, or a sweep retrying a failure) leaves the earlier record, weights and
+curve as they were until its own are complete; then its curve, weights and record replace them,
+the record last. A forced rerun that crashes leaves an earlier finished record in place. Every JSON file
 and the weights are written to a temporary file in the same directory and moved into place with
 ``os.replace``, which is atomic on POSIX, so a reader sees either the old file or the whole new
 one, never half of it. A run killed before ``result.json`` is written simply counts as not done
-and is run again from the start (its curve is truncated when it restarts).
+and is run again from the start (its partial curve starts again).
 
 A ``result.json`` that cannot be parsed can only come from outside tampering or a failing disk.
 Readers (``results``, ``plot``, ``inspect``) stop with a one-line error naming the file; a sweep
@@ -44,6 +48,7 @@ CURVE_FILE = "curve.jsonl"
 RESULT_FILE = "result.json"
 WEIGHTS_FILE = "model.pt"
 CORRUPT_SUFFIX = ".corrupt"
+PARTIAL_SUFFIX = ".partial"  # a run's curve while it trains
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz")
 RECORD_KEYS = ("status", "metrics", "config", "provenance")
 
@@ -211,11 +216,14 @@ def parse_curve(data: bytes) -> list[dict]:
 
 
 class CurveWriter:
-    """Appends training-curve points to ``curve.jsonl``; a new run starts an empty file."""
+    """Appends training-curve points to ``curve.jsonl.partial``, which a new run starts empty;
+    `keep` moves it into place as ``curve.jsonl`` once the run's record is to be written, and
+    `drop` deletes it."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / CURVE_FILE
-        self.file = open(self.path, "w")
+        self.partial = self.path.with_name(CURVE_FILE + PARTIAL_SUFFIX)
+        self.file = open(self.partial, "w")
 
     def append(self, point: dict) -> None:
         self.file.write(json.dumps(point) + "\n")
@@ -223,3 +231,9 @@ class CurveWriter:
 
     def close(self) -> None:
         self.file.close()
+
+    def keep(self) -> None:
+        os.replace(self.partial, self.path)
+
+    def drop(self) -> None:
+        self.partial.unlink(missing_ok=True)
