@@ -172,6 +172,18 @@ def _archive(source, archive, arcname):
     return archive
 
 
+def test_a_record_whose_metric_is_not_a_number_is_damaged(tmp_path):
+    run_dir = tmp_path / "run"
+    record = {"status": "ok", "metrics": {"test": {"accuracy": "high"}}, "config": {},
+              "provenance": {}}
+    store.write_json_atomic(run_dir / "result.json", record)
+    with pytest.raises(store.CorruptRecord, match="metric test:accuracy is 'high', not a number"):
+        store.read_result(run_dir)
+    record["metrics"]["test"] = {"accuracy": float("nan"), "by_position": [0.5, 1]}
+    store.write_json_atomic(run_dir / "result.json", record)
+    assert store.read_result(run_dir)["metrics"]["test"]["by_position"] == [0.5, 1]
+
+
 def test_results_and_plot_read_an_archive_of_runs_as_the_directory(tmp_path, capsys):
     runs = tmp_path / "runs"
     grid = Grid(task="a5", models=["path", "rope"], layers=[1, 2], lrs=[1e-3, 3e-4],

@@ -117,6 +117,15 @@ def test_a_crash_is_recorded_as_failed(tmp_path, capsys, monkeypatch):
     (["sweep", "flipflop", "--until-solved"], "until_solved needs a task with a solved"),
     (["sweep"], "give a TASK to sweep over, or --file NAME"),
     (["results", "does-not-exist"], "results directory does-not-exist does not exist"),
+    (["run", "flipflop", "--set", "task.length=16", "--set", "task.length=32"],
+     "--set task.length is given twice (16 and 32); give it once"),
+    (["sweep", "flipflop", "--grid", "task.length=16,32", "--set", "task.length=16"],
+     "task.length is both swept (--grid) and set (--set); give one"),
+    (["run", "flipflop", "--out", ""], "must name a folder, got an empty string"),
+    (["sweep", "flipflop", "--seeds", "0-10000000", "--dry-run"],
+     "--seeds 0-10000000 holds more than 100,000 values"),
+    (["sweep", "flipflop", "--models", "rope,path", "--layers", "1-200", "--heads", "1-100",
+      "--seeds", "0-9", "--dry-run"], "has 400,000 runs; a grid may have at most 100,000"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
@@ -125,6 +134,34 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, args, m
     assert stderr.startswith("pathbench: error: ") and stderr.count("\n") == 1, stderr
     assert message in stderr
     assert not (tmp_path / "results").exists()  # nothing was written
+
+
+@pytest.mark.parametrize("text, message", [
+    ('workers = "many"\n', 'workers must be a positive integer, got \'many\''),
+    ("out = 5\n", "out must be a non-empty string, got 5"),
+    ('include = "flipflop.toml"\n', "include must be a list of file names"),
+    (b"\xff\xfe workers = 2\n", "is not UTF-8 text"),
+])
+def test_a_sweep_file_of_the_wrong_types_is_a_one_line_error(tmp_path, capsys, text, message):
+    path = tmp_path / "grids.toml"
+    table = b'[[sweep]]\ntask = "flipflop"\n'
+    path.write_bytes((text if isinstance(text, bytes) else text.encode()) + table)
+    code, _, stderr = cli(capsys, "sweep", "--file", path, "--dry-run")
+    assert code == 2 and stderr.count("\n") == 1 and message in stderr, stderr
+
+
+def test_the_command_lines_set_replaces_the_sweep_files_set_of_the_same_key(tmp_path, capsys):
+    path = tmp_path / "grids.toml"
+    path.write_text('[[sweep]]\ntask = "flipflop"\nset = ["task.length=16", "train.steps=4"]\n')
+    code, stdout, stderr = cli(capsys, "sweep", "--file", path, "--set", "task.length=32",
+                               "--device", "cpu", "--dry-run", "--out", tmp_path / "runs")
+    assert code == 0, stderr
+    from pathbench.runners.sweep.grid import load_sweep_file
+
+    [name] = [line.split()[1] for line in stdout.splitlines() if line.startswith("todo")]
+    _, [grid] = load_sweep_file(path)
+    grid.sets = ["task.length=32", "train.steps=4"]
+    assert name == grid.runs("cpu")[0].run_id
 
 
 def test_sweep_file_resume_results_plot_inspect(tmp_path, capsys, monkeypatch):

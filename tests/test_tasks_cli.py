@@ -99,6 +99,8 @@ def test_show_mqrar_marks_each_query_key_with_its_answer(pathbench_cli):
         (["data", "flipflop", "--out", "d.csv"], ["'.csv'", ".npz or .parquet"]),
         (["data", "flipflop", "--num", "0", "--show", "1"], ["--num"]),
         (["data", "flipflop"], ["--out", "--show"]),
+        (["data", "flipflop", "--num", "10000000000", "--show", "1"],
+         ["10,000,000,000 sequences of 512 tokens", "at most 268,435,456"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(pathbench_cli, tmp_path, args, words):

@@ -13,6 +13,8 @@ from pathbench.runners.training.config import parse_sets
 from pathbench.tasks import TASKS, default_config, make_task
 from pathbench.tasks.export import SUFFIXES, format_examples, save_dataset
 
+MAX_DATA_TOKENS = 1 << 28  # tokens `data` generates at once
+
 
 @click.command()
 @click.option("--models", is_flag=True,
@@ -107,6 +109,10 @@ def data(task_name, split, num, seed, settings, out, show):
         raise UserError(
             f"unknown file type {out.suffix or '(none)'!r} for --out; use {' or '.join(SUFFIXES)}"
         )
+    length = task.generate(1, seed, split).inputs.shape[1]
+    if num * length > MAX_DATA_TOKENS:  # inputs and targets, int64: 16 bytes a token
+        raise UserError(f"--num {num:,} sequences of {length:,} tokens are {num * length:,} "
+                        f"tokens; at most {MAX_DATA_TOKENS:,} (4 GiB of arrays) at a time")
     dataset = task.generate(num, seed, split)
     if out is not None:
         metadata = {"task": task.name, "version": task.version, "config": task.config,

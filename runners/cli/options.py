@@ -10,6 +10,12 @@ from pathbench.runners.training import store
 from pathbench.runners.training.config import DEVICES, PRESETS
 
 
+def _folder(ctx, param, value) -> Path:
+    if value == "":  # Path("") is the current folder: runs would land among its files
+        raise click.BadParameter("must name a folder, got an empty string")
+    return Path(value)
+
+
 def shared_options(command):
     """``run`` and ``sweep`` (the sweep adds its grid options): sizes, device, preset, out,
     --set."""
@@ -23,7 +29,7 @@ def shared_options(command):
         click.option("--preset", type=click.Choice(PRESETS), default=None,
                      help="Setting size: paper, or the smaller cpu one. Default: paper on cuda, "
                           "cpu on cpu."),
-        click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+        click.option("--out", type=click.Path(file_okay=False), callback=_folder,
                      default=store.DEFAULT_OUT, show_default=True,
                      help="Directory that receives the run directories."),
         click.option("--set", "sets", multiple=True, metavar="SECTION.KEY=VALUE",

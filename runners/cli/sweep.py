@@ -74,7 +74,10 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
                      if given("grid_options" if key == "grid" else key)}
         for grid in grids:
             apply_values(grid, "--", **overrides)
-            grid.sets = [*grid.sets, *sets]
+            # the command line's --set replaces the file's of the same key
+            replaced = {item.partition("=")[0].strip() for item in sets}
+            grid.sets = [*(item for item in grid.sets
+                           if item.partition("=")[0].strip() not in replaced), *sets]
         out = out if given("out") else Path(settings.get("out", out))
         workers = workers if given("workers") else settings.get("workers", workers)
         device = device if given("device") else settings.get("device", device)

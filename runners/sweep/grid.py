@@ -11,6 +11,7 @@ grid each, whose keys are the `Grid` fields (``set`` for ``--set`` items), and m
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from pathbench.runners.training.config import (
 )
 
 SWEEPS_DIR = Path(__file__).parent / "files"
+MAX_GRID_RUNS = 100_000  # the most runs one grid may plan: far above any real sweep
 
 
 @dataclass
@@ -58,6 +60,13 @@ class Grid:
         axes = [self.models or [None], self.layers or [None], self.heads or [None],
                 self.lrs or [None], self.seeds]
         extra_keys = list(self.grid)
+        size = math.prod(len(axis) for axis in [*axes, *self.grid.values()])
+        if size > MAX_GRID_RUNS:
+            raise UserError(f"the grid over {self.task} has {size:,} runs; a grid may have at "
+                            f"most {MAX_GRID_RUNS:,}")
+        on_both = sorted(set(self.grid) & {item.partition("=")[0].strip() for item in self.sets})
+        if on_both:
+            raise UserError(f"{on_both[0]} is both swept (--grid) and set (--set); give one")
         runs = {}
         for model, layers, heads, lr, seed, *extra in itertools.product(
             *axes, *(self.grid[key] for key in extra_keys)
@@ -112,9 +121,11 @@ def load_sweep_file(path: Path, seen: tuple = ()) -> tuple[dict, list[Grid]]:
     if path in seen:
         raise UserError(f"sweep file {path} includes itself")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise UserError(f"cannot read sweep file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"sweep file {path} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"sweep file {path} is not valid TOML: {exc}") from None
     unknown = set(data) - FILE_KEYS
@@ -122,6 +133,17 @@ def load_sweep_file(path: Path, seen: tuple = ()) -> tuple[dict, list[Grid]]:
         raise UserError(f"sweep file {path}: unknown key {sorted(unknown)[0]!r}; valid keys: "
                         f"{', '.join(sorted(FILE_KEYS))}")
     settings = {key: data[key] for key in ("out", "workers", "device", "executor") if key in data}
+    for key, value in settings.items():
+        wanted = int if key == "workers" else str
+        if isinstance(value, bool) or not isinstance(value, wanted) or value in ("", 0):
+            kind = "a positive integer" if key == "workers" else "a non-empty string"
+            raise UserError(f"sweep file {path}: {key} must be {kind}, got {value!r}")
+    if not (isinstance(data.get("include", []), list)
+            and all(isinstance(name, str) for name in data.get("include", []))):
+        raise UserError(f"sweep file {path}: include must be a list of file names, got "
+                        f"{data['include']!r}")
+    if not isinstance(data.get("sweep", []), list):
+        raise UserError(f"sweep file {path}: sweep must be [[sweep]] tables")
     grids = []
     for included in data.get("include", []):
         included_settings, included_grids = load_sweep_file(path.parent / included,

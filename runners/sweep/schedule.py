@@ -9,6 +9,8 @@ more.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +43,9 @@ class Schedule:
                  dry_run: bool = False):
         self.out, self.dry_run = out, dry_run
         self.drop = drop  # called with the runs (not yet done) that a solved model never needs
-        self.ready: list[tuple[int, tuple, list[Run]]] = []  # (grid number, priority, pack)
+        # per grid number, the packs that may start: a heap of (priority, arrival, pack)
+        self.ready: dict[int, list[tuple[tuple, int, list[Run]]]] = {}
+        self.arrivals = itertools.count()  # equal priorities go in the order they came
         self.turns: dict[int, int] = {}  # grid number -> packs handed out
         # run id -> the chains waiting for it, for each run handed out and not ended (two
         # grids of one sweep may share runs; each is trained once)
@@ -63,12 +67,12 @@ class Schedule:
 
     def next_pack(self) -> list[Run] | None:
         """The pack to train next, or None while none may start."""
-        if not self.ready:
+        waiting = [number for number, packs in self.ready.items() if packs]
+        if not waiting:
             return None
-        # min keeps the first of equals: the order in which packs became ready
-        best = min(range(len(self.ready)),
-                   key=lambda i: (self.turns[self.ready[i][0]], self.ready[i][1]))
-        number, _, pack = self.ready.pop(best)
+        # the grid with the fewest packs so far; in it, the first by priority, then arrival
+        number = min(waiting, key=lambda n: (self.turns[n], self.ready[n][0][:2]))
+        _, _, pack = heapq.heappop(self.ready[number])
         self.turns[number] += 1
         return pack
 
@@ -94,7 +98,8 @@ class Schedule:
             self.handed_out.update(run.run_id for run in new)
             steps_ahead = len(chain.steps) + 1 if chain.grid.until_solved else 0
             for pack in in_packs(in_run_order(new), chain.grid.pack):
-                self.ready.append((chain.number, (-steps_ahead, *_run_order(pack[0])), pack))
+                heapq.heappush(self.ready.setdefault(chain.number, []),
+                               ((-steps_ahead, *_run_order(pack[0])), next(self.arrivals), pack))
             chain.running = {run.run_id for run in todo}
             for name in chain.running:
                 self.waiting.setdefault(name, []).append(chain)

@@ -153,7 +153,8 @@ class Run:
 
 
 def parse_sets(items: Iterable[str]) -> dict[str, dict[str, str]]:
-    """``["task.length=64", "train.lr=1e-3"]`` -> ``{"task": {"length": "64"}, ...}``."""
+    """``["task.length=64", "train.lr=1e-3"]`` -> ``{"task": {"length": "64"}, ...}``; a key
+    given twice is an error (one value would be ignored)."""
     sets: dict[str, dict[str, str]] = {section: {} for section in SECTIONS}
     for item in items:
         key, sep, value = item.partition("=")
@@ -162,12 +163,21 @@ def parse_sets(items: Iterable[str]) -> dict[str, dict[str, str]]:
             raise UserError(
                 f"--set expects task.KEY=VALUE, model.KEY=VALUE or train.KEY=VALUE, got {item!r}"
             )
+        if name in sets[section]:
+            raise UserError(f"--set {section}.{name} is given twice ({sets[section][name]} and "
+                            f"{value.strip()}); give it once")
         sets[section][name] = value.strip()
     return sets
 
 
+# The most values an integer list may hold: far above any sweep's, so that a typo such as
+# 0-10000000 is an error at once rather than minutes of planning.
+MAX_LIST_VALUES = 100_000
+
+
 def parse_int_list(text: str, option: str) -> list[int]:
-    """``"1-6"``, ``"1,2,4"`` or ``"1-3,6"`` -> a sorted list of distinct integers."""
+    """``"1-6"``, ``"1,2,4"`` or ``"1-3,6"`` -> a sorted list of distinct integers (at most
+    MAX_LIST_VALUES)."""
     values: set[int] = set()
     for part in str(text).split(","):
         part = part.strip()
@@ -177,6 +187,9 @@ def parse_int_list(text: str, option: str) -> list[int]:
                 first, last = int(low), int(high)
                 if first > last:
                     raise ValueError
+                if last - first + 1 + len(values) > MAX_LIST_VALUES:
+                    raise UserError(f"{option} {text} holds more than {MAX_LIST_VALUES:,} "
+                                    f"values")
                 values.update(range(first, last + 1))
             else:
                 values.add(int(part))

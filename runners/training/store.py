@@ -100,7 +100,17 @@ def check_result(result: dict, where) -> dict:
             isinstance(split, dict) and split for split in metrics.values())):
         raise CorruptRecord(f"{where} is not a complete record (status ok without the metrics "
                             f"of every split)")
+    for split, values in (metrics.items() if isinstance(metrics, dict) else ()):
+        for name, value in (values.items() if isinstance(values, dict) else ()):
+            if not _is_number(value) and not (isinstance(value, list)
+                                               and all(map(_is_number, value))):
+                raise CorruptRecord(f"{where} is not a valid record (metric {split}:{name} is "
+                                    f"{value!r}, not a number)")
     return result
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def read_result(run_dir: Path) -> dict:
