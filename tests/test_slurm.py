@@ -456,7 +456,9 @@ def test_a_job_past_its_time_limit_is_lost_with_slurms_reason(slurm, tmp_path, c
     # Slurm's limits are whole minutes, checked every 30 s: the job ends 60 to 90 s in
     out = tmp_path / "runs"
     with within():
-        code, stdout, stderr = cli(capsys, "sweep", "flipflop", "--models", "rope", *TINY,
+        code, stdout, stderr = cli(capsys, "sweep", "flipflop", "--models", "rope",
+                                   "--d-model", "16", "--batch-size", "8", "--device", "cpu",
+                                   "--set", "task.length=16", "--set", "train.eval_num=16",
                                    "--steps", "1000000", "--set", "train.eval_every=1000000",
                                    "--executor", "slurm", "--slurm", "timeout_min=1",
                                    "--out", out)
