@@ -270,8 +270,7 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
     vertically, so that equal depths stay visible); a model that does not solve a length within
     the depths run is marked above the deepest, open."""
     runs = panel["runs"]
-    minimum = min_depth_by_length(runs)
-    any_seed = min_depth_by_length(runs, "min_layers_any")
+    minimum, any_seed = min_depth_by_length(runs).values()
     deepest = int(runs["layers"].max())
     lengths = [c for c in minimum.columns if c.startswith("length=")]
     xs = [int(c.split("=")[1]) for c in lengths]

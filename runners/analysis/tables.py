@@ -51,9 +51,9 @@ def min_layers_table(table: pd.DataFrame) -> pd.DataFrame:
         kind="stable").reset_index(drop=True)
 
 
-def min_depth_by_length(frame: pd.DataFrame, reading: str = "min_layers") -> pd.DataFrame:
-    """Per task, model and head count, one reading of depth (`READINGS`) at each sequence
-    length of the runs (a column "length=N" each; ">N": not up to N layers)."""
+def min_depth_by_length(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per task, model and head count, each reading of depth (`READINGS`, by name) at each
+    sequence length of the runs (a column "length=N" each; ">N": not up to N layers)."""
     column = length_column(frame["task"].iloc[0]) if len(frame) else None
     lengths = frame[column] if column in frame else pd.Series(None, frame.index)
     found = []
@@ -62,19 +62,23 @@ def min_depth_by_length(frame: pd.DataFrame, reading: str = "min_layers") -> pd.
         table = min_layers_table(aggregate(group))
         found += [{**row, "column": label} for row in table.to_dict("records")]
     if not found:
-        return pd.DataFrame()
-    wide = pd.DataFrame(found).pivot(index=["task", "model", "heads"], columns="column",
-                                     values=reading)
-    columns = sorted(wide.columns, key=lambda c: (len(c), c))  # length=8 before length=12
-    wide = wide[columns].reset_index().fillna("")
-    rank = {name: i for i, name in enumerate(model_order(wide["model"]))}
-    return wide.sort_values(["task", "model"], key=lambda c: c.map(rank) if c.name == "model"
-                            else c, kind="stable").reset_index(drop=True)
+        return {reading: pd.DataFrame() for reading in READINGS}
+    readings = {}
+    for reading in READINGS:
+        wide = pd.DataFrame(found).pivot(index=["task", "model", "heads"], columns="column",
+                                         values=reading)
+        columns = sorted(wide.columns, key=lambda c: (len(c), c))  # length=8 before length=12
+        wide = wide[columns].reset_index().fillna("")
+        rank = {name: i for i, name in enumerate(model_order(wide["model"]))}
+        readings[reading] = wide.sort_values(
+            ["task", "model"], key=lambda c: c.map(rank) if c.name == "model" else c,
+            kind="stable").reset_index(drop=True)
+    return readings
 
 
 def both_readings(frame: pd.DataFrame) -> pd.DataFrame:
     """`min_depth_by_length` with both readings in each cell: "reliably (any seed)"."""
-    reliable, any_seed = (min_depth_by_length(frame, reading) for reading in READINGS)
+    reliable, any_seed = min_depth_by_length(frame).values()
     if reliable.empty:
         return reliable
     lengths = [c for c in reliable.columns if c not in ("task", "model", "heads")]
@@ -87,10 +91,9 @@ def both_readings(frame: pd.DataFrame) -> pd.DataFrame:
 def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_text: bool = True
                   ) -> pd.DataFrame:
     """The columns a reader wants, in order; a learning rate val picked on an edge of the grid
-    it ran is marked "(edge)"; for a task with a solved threshold the seeds that
-    solved it on the headline split, with the 95% Wilson interval of that rate; per test split
-    "mean ± sd [low, high]" text or
-    (``as_text`` False, for CSV) numeric columns, SPLIT, SPLIT_std (a sample standard deviation)
+    it ran is marked "(edge)"; for a task with a solved threshold the seeds that solved it on
+    the headline split, with the 95% Wilson interval of that rate; per test split "mean ± sd
+    [low, high]" text or (``as_text`` False, for CSV) numeric columns, SPLIT, SPLIT_std (a sample standard deviation)
     and, for a rate with counts, SPLIT_low and SPLIT_high (its pooled 95% Wilson interval).
     Per run, each rate with a count of scored positions also gets its 95% Wilson interval
     (SPLIT:METRIC 95% CI). A metric in percent (error) has " (%)" in its columns' names."""

@@ -28,6 +28,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pathbench import UserError
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -153,8 +155,6 @@ def _tree_of(revision: str, folder: Path) -> Path:
     archive = subprocess.run(["git", "archive", "--format=tar", revision], cwd=root,
                              capture_output=True, check=False)
     if archive.returncode:
-        from pathbench import UserError
-
         raise UserError(f"--against {revision}: git cannot archive it: "
                         f"{archive.stderr.decode().strip().splitlines()[-1]}")
     tree = folder / "tree"
@@ -185,8 +185,6 @@ def run_engine(plan: dict, site: Path | None, echo) -> list[dict]:
         echo(f"  {rows[-1]['shape']} {rows[-1]['attention']} pack {rows[-1]['pack']}: "
              + (rows[-1].get("error") or f"{rows[-1]['run_steps_per_s']:,.0f} run-steps/s"))
     if process.wait():
-        from pathbench import UserError
-
         raise UserError(f"the measuring process failed (exit status {process.returncode})")
     return rows
 
