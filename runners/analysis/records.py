@@ -22,7 +22,9 @@ def record_row(record: dict) -> dict:
     config = record["config"]
     model, train = config["model"], config["train"]
     row = {
-        "task": config["task"]["name"], "model": model["attention"], "layers": model["layers"],
+        # a model with set weights (pathbench.models.constructions) goes by its own name
+        "task": config["task"]["name"], "model": config.get("construction") or model["attention"],
+        "layers": model["layers"],
         "heads": model["heads"], "d_model": model["d_model"], "lr": train["lr"],
         "seed": config["seed"], "status": record["status"], "steps": record["steps"],
         "wall_time_s": record["provenance"].get("wall_time_s"),

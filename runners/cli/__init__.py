@@ -66,6 +66,11 @@ def _inspect():
     return inspect
 
 
+def _construct():
+    from pathbench.runners.cli.construct import construct
+    return construct
+
+
 def _bench():
     from pathbench.runners.cli.bench import bench
     return bench
@@ -73,7 +78,7 @@ def _bench():
 
 @click.group(cls=LazyGroup, lazy_commands={
     "ls": _ls, "data": _data, "run": _run, "sweep": _sweep, "results": _results, "plot": _plot,
-    "inspect": _inspect, "bench": _bench})
+    "inspect": _inspect, "construct": _construct, "bench": _bench})
 @click.version_option(__version__, prog_name="pathbench")
 def cli():
     """pathbench: which attention can track state?"""

@@ -71,6 +71,32 @@ def plugin_provenance(run: Run) -> dict:
     return plugins
 
 
+def provenance(run: Run, device) -> dict:
+    """What produced a record of ``run`` on ``device`` (a torch.device): versions, commit,
+    hardware, where training data came from; the dataset hash and wall time are filled later."""
+    import torch
+
+    from pathbench.runners.training.loop import on_device_data
+
+    return {
+        "pathbench_version": pathbench.__version__,
+        **git_state(),
+        "torch_version": torch.__version__,
+        "triton_version": _package_version("triton"),
+        "python_version": platform.python_version(),
+        "device": run.device,
+        "device_name": device_name(device),
+        "task_version": run.task.version,
+        "attention_backend": None,  # what computed the attention: "torch" or "triton"
+        # where training batches were drawn: "device", or "cpu" (and why, on a GPU)
+        "training_data": ("device" if on_device_data(run.task, device) else
+                          "cpu (the task has no device sampler)" if device.type == "cuda"
+                          else "cpu"),
+        "plugins": plugin_provenance(run),
+        "dataset_hash": None,
+    }
+
+
 def execute_run(run: Run, out: Path, progress: bool = True) -> dict:
     """Train and evaluate one run into ``out/<run_id>/`` and return its result record."""
     return execute_runs([run], out, progress)[0]
@@ -87,12 +113,7 @@ def execute_runs(runs: list[Run], out: Path, progress: bool = True) -> list[dict
 
     from pathbench.models import build_model
     from pathbench.models.pack import NotPackable, pack_models
-    from pathbench.runners.training.loop import (
-        Member,
-        activation_dtype,
-        on_device_data,
-        train,
-    )
+    from pathbench.runners.training.loop import Member, activation_dtype, train
 
     if len({(run.cell_key(), run.device) for run in runs}) != 1:
         raise ValueError("a pack's runs must differ only in seed and learning rate")
@@ -107,23 +128,7 @@ def execute_runs(runs: list[Run], out: Path, progress: bool = True) -> list[dict
     device = torch.device(shared.device)
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
-    shared_provenance = {
-        "pathbench_version": pathbench.__version__,
-        **git_state(),
-        "torch_version": torch.__version__,
-        "triton_version": _package_version("triton"),
-        "python_version": platform.python_version(),
-        "device": shared.device,
-        "device_name": device_name(device),
-        "task_version": shared.task.version,
-        "attention_backend": None,  # what computed the attention: "torch" or "triton"
-        # where training batches were drawn: "device", or "cpu" (and why, on a GPU)
-        "training_data": ("device" if on_device_data(shared.task, device) else
-                          "cpu (the task has no device sampler)" if device.type == "cuda"
-                          else "cpu"),
-        "plugins": plugin_provenance(shared),
-        "dataset_hash": None,
-    }
+    shared_provenance = provenance(shared, device)
     records = []
     for run, run_dir in zip(runs, run_dirs):
         provenance = {

@@ -285,13 +285,16 @@ def compile_for_cuda(fn):
 
 @torch.no_grad()
 def evaluate(model, members: int, task, data: EvaluationSplit, batch_tokens: int,
-             device: torch.device) -> list[dict]:
+             device: torch.device, progress: bool = False) -> list[dict]:
     """Task metrics of each member's argmax predictions on one split's fixed sequences (every
     member reads the same ones), tallied a chunk at a time. A forward reads at most
     ``batch_tokens`` tokens (at least one sequence), so that a longer test split takes fewer
-    sequences at a time instead of more memory."""
+    sequences at a time instead of more memory. ``progress``: a bar over the sequences of a
+    split larger than one chunk."""
     model.eval()
     tallies = [None] * members
+    bar = tqdm(total=sum(data.sizes), desc=f"evaluate {data.split}", unit="seq", leave=False,
+               disable=not progress or len(data.sizes) == 1, dynamic_ncols=True)
     for chunk in data.chunks():
         inputs = torch.from_numpy(chunk.inputs)
         batch_size = max(1, batch_tokens // inputs.shape[1])
@@ -305,6 +308,8 @@ def evaluate(model, members: int, task, data: EvaluationSplit, batch_tokens: int
         for member in range(members):
             tallies[member] = _add(tallies[member],
                                    task.tally(predictions[member], chunk.targets, data.split))
+        bar.update(len(inputs))
+    bar.close()
     model.train()
     return [to_jsonable(task.metrics_from(tally, data.split)) for tally in tallies]
 
@@ -381,7 +386,8 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
         outcomes[member] = outcome
 
     def final_metrics() -> list[dict]:
-        per_split = {data.split: evaluate(model, count, task, data, batch_tokens, device)
+        per_split = {data.split: evaluate(model, count, task, data, batch_tokens, device,
+                                          progress)
                      for data in test_sets}
         return [{split: rows[member] for split, rows in per_split.items()}
                 for member in range(count)]
