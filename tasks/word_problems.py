@@ -95,7 +95,9 @@ class WordProblem(Task):
     longest prefix of positions that are each at least 90% accurate (0 when the first position
     is below). Solved means accuracy of at least 0.9, the threshold of Merrill et al. (2024)
     that PaTH follows; a depth solves the task only at a stated length, since the depth needed
-    grows with the length of the word. Baseline: ``chance`` (1 / the order of the group).
+    grows with the length of the word. Baselines: ``chance`` (1 / the order of the group, the
+    floor of ``last_accuracy``) and ``copy_first``, the honest floor of ``accuracy``: the first
+    position right (its product is the first letter's element) and chance at every other.
     """
 
     version = "1"
@@ -188,7 +190,10 @@ class WordProblem(Task):
         return metrics
 
     def baselines(self, dataset, split):
-        return {"chance": 1.0 / len(self.vocab)}
+        order, length = len(self._table), dataset.targets.shape[1]
+        # The first product is the first letter's element, a lookup: a model that tracks no
+        # state still gets it, and is at chance from the second on.
+        return {"chance": 1.0 / order, "copy_first": (1.0 + (length - 1) / order) / length}
 
 
 @TASKS.register("a5")

@@ -153,7 +153,8 @@ def test_results_gives_minimum_depth_per_length_and_baselines(word_problem_runs,
 
     main(["results", str(word_problem_runs)])
     out = capsys.readouterr().out
-    assert "a5: minimum layers to solve: two thirds of the seeds at >= 0.9 on test" in out
+    assert "a5 (500 steps): minimum layers to solve: two thirds of the seeds at >= 0.9 on " \
+           "test" in out
     lines = [line.split() for line in out.splitlines()]
     assert ["rope", "4", "2", "(2)", ">3", "(>3)"] in lines
     assert ["path", "4", "1", "(1)", "2", "(2)"] in lines
@@ -319,3 +320,51 @@ def test_the_solved_length_against_depth_from_runs_at_one_length(tmp_path):
     solved = shown(figure)["a5 (length 16, 500 steps) #2"]  # after accuracy against layers
     assert solved["path"] == [(1, 4), (2, 10), (3, 16)] and solved["rope"] == [(1, 2), (2, 4),
                                                                                 (3, 6)]
+
+
+def test_minimum_depth_never_mixes_step_budgets_and_one_cell_names_its_length_and_steps(
+        tmp_path, capsys):
+    """path solves at 1 layer with 2,000 steps, at 2 with 500: two rows, a steps column."""
+    from pathbench.runners.cli import main
+
+    for steps, need in ((500, 2), (2000, 1)):
+        for layers in (1, 2):
+            for seed in range(3):
+                accuracy = 0.95 if layers >= need else 0.3
+                config = _write(tmp_path, "a5", "path", layers, seed, accuracy, accuracy,
+                                sets=["task.length=8", f"train.steps={steps}"])
+    main(["results", str(tmp_path)])
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["path", "4", "500", "2", "(2)"] in lines
+    assert ["path", "4", "2000", "1", "(1)"] in lines
+    main(["results", str(tmp_path / config.run_id)])
+    assert capsys.readouterr().out.startswith("a5 (length 8, 2,000 steps):\n")
+
+
+def test_word_problems_show_the_last_position_and_the_honest_floor(tmp_path, capsys):
+    """Beside accuracy: the final position's accuracy (table and a panel against depth, with
+    chance), and the floor of a model that only copies the first position."""
+    from pathbench.runners.cli import main
+
+    floor = (1 + 7 / 60) / 8
+    for layers, last in ((1, 0.02), (2, 0.9)):
+        for seed in range(2):
+            config = _write(tmp_path, "a5", "path", layers, seed, 0.5, 0.5,
+                            sets=["task.length=8"],
+                            baselines={"chance": 1 / 60, "copy_first": floor})
+            record = tmp_path / config.run_id / "result.json"
+            data = __import__("json").loads(record.read_text())
+            data["metrics"]["test"]["last_accuracy"] = last + 0.02 * seed
+            store.write_json_atomic(record, data)
+    main(["results", str(tmp_path)])
+    out = capsys.readouterr().out
+    header = out.splitlines()[1]
+    assert "copy first (test)" in header
+    assert header.index(" test ") < header.index("last accuracy (test)")
+    assert "0.03 ± 0.014" in out and "0.91 ± 0.014" in out
+    panels = shown(render(load_frame(tmp_path))[0])
+    accuracy, last = panels.values()
+    assert accuracy["copy first"] == [(0, round(floor, 6)), (1, round(floor, 6))]
+    assert last["path"] == [(1, 0.03), (2, 0.91)]
+    assert {y for _, y in last["chance"]} == {round(1 / 60, 6)}
+    assert "copy first" not in last  # the floor of accuracy, not of the last position

@@ -696,9 +696,9 @@ def _scripted_val(monkeypatch, values):
     checks = iter(values)
     real_evaluate = loop.evaluate
 
-    def scripted(model, members, task, data, batch_tokens, device):
+    def scripted(model, members, task, data, batch_tokens, device, progress=False):
         if data.split != "val":
-            return real_evaluate(model, members, task, data, batch_tokens, device)
+            return real_evaluate(model, members, task, data, batch_tokens, device, progress)
         return [{"accuracy": next(checks)}] * members
 
     monkeypatch.setattr(loop, "evaluate", scripted)

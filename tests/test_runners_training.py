@@ -119,8 +119,8 @@ def test_an_early_stopped_member_is_frozen_while_the_others_train_on(monkeypatch
 
     real_evaluate = training.evaluate
 
-    def member_0_solves_validation(model, members, task, data, *args):
-        metrics = real_evaluate(model, members, task, data, *args)
+    def member_0_solves_validation(model, members, task, data, *args, **kwargs):
+        metrics = real_evaluate(model, members, task, data, *args, **kwargs)
         if data.split == "val":  # the test splits stay real
             metrics[0] = {**metrics[0], task.primary_metric: 1.0}
         return metrics

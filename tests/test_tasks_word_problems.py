@@ -143,10 +143,19 @@ def test_solved_length_is_the_prefix_of_positions_at_least_90_percent_right(erro
 
 
 @pytest.mark.parametrize("name", GROUPS)
-def test_chance_baseline_is_one_over_the_order(name):
+def test_baselines_are_chance_and_the_first_position_copied(name):
     task = make_task(name, {"length": 3})
     dataset = task.generate(4, seed=0, split="test")
-    assert task.baseline_scores(dataset, "test") == {"chance": 1 / ORDERS[name]}
+    chance = 1 / ORDERS[name]
+    assert task.baseline_scores(dataset, "test") == pytest.approx(
+        {"chance": chance, "copy_first": (1 + 2 * chance) / 3})
+
+
+def test_baselines_of_generator_words_are_over_the_group_not_the_vocabulary():
+    task = make_task("a5", {"length": 4, "words": "generators"})
+    assert len(task.vocab) == 66  # 60 elements and 6 letters
+    scores = task.baseline_scores(task.generate(4, seed=0, split="test"), "test")
+    assert scores == pytest.approx({"chance": 1 / 60, "copy_first": (1 + 3 / 60) / 4})
 
 
 def _forms(vocab):

@@ -9,8 +9,9 @@ The panels follow from what varies among a task's runs, the first of ``LAYOUTS``
 - otherwise one task setting (e.g. mqrar's n_back) -> accuracy against that setting;
 - otherwise -> a bar per model and test split (flip-flop's Table 1), showing the error in
   percent where the task reports one;
-- where depth varies and the task records it (word problems), the solved length (the longest
-  prefix of positions solved) against layers, at the longest length trained;
+- where depth varies and the task records them (word problems), the final position's accuracy
+  (against chance) and the solved length (the longest prefix of positions solved) against
+  layers, at the longest length trained;
 - and, where the runs were also tested on longer sequences (``task.eval_lengths``: splits
   ``test_N``), the primary metric (or the error) against the evaluation length, a line per
   model and training length, at the fewest layers that solved the training length (or, if
@@ -38,6 +39,7 @@ from pathbench.files import write_atomic, write_text_atomic
 from pathbench.runners.analysis.cells import aggregate, varying_config_columns
 from pathbench.runners.analysis.records import length_column
 from pathbench.runners.analysis.tables import (
+    fixed_settings,
     min_depth_by_length,
     min_layers_table,
     model_order,
@@ -136,13 +138,16 @@ def plan_panels(frame: pd.DataFrame) -> list[dict]:
                                            kind=kind, x=x, runs=own))
                     continue
                 panels.append(dict(title=_title(task, named, shown), kind=kind, x=x, runs=shown))
-            if (_varies(group, "layers") and "test:solved_length" in group
-                    and group["test:solved_length"].notna().any()):
-                # the longest prefix solved against depth, at the longest length trained
-                longest = (group[group[length] == group[length].max()] if length is not None
-                           else group)
-                panels.append(dict(title=_title(task, named, longest), kind="lines",
-                                   x="layers", runs=longest, metric="solved_length"))
+            # the final position's accuracy (against chance) and the longest prefix solved,
+            # against depth at the longest length trained, for tasks that record them
+            longest = (group[group[length] == group[length].max()] if length in group
+                       else group)
+            for metric, baselines in (("last_accuracy", ["chance"]), ("solved_length", [])):
+                if (_varies(group, "layers") and f"test:{metric}" in group
+                        and group[f"test:{metric}"].notna().any()):
+                    panels.append(dict(title=_title(task, named, longest), kind="lines",
+                                       x="layers", runs=longest, metric=metric,
+                                       baselines=baselines))
             if _longer_splits(group):
                 title = _title(task, named, group) + ", longer tests"
                 panels.append(dict(title=title, kind="generalisation", x=None, runs=group))
@@ -158,14 +163,7 @@ def _longer_splits(runs: pd.DataFrame) -> list[str]:
 
 def _title(task: str, named: str, runs: pd.DataFrame) -> str:
     """The task, the settings that split its panels, its length and its step budget."""
-    parts = [named] if named else []
-    column = length_column(task)
-    length = _single(runs, column) if column else None
-    if length is not None:
-        parts.append(f"length {length}")
-    steps = _single(runs, "train.steps")
-    if steps is not None:
-        parts.append(f"{steps:,} steps")
+    parts = ([named] if named else []) + fixed_settings(task, runs)
     return f"{task} ({', '.join(parts)})" if parts else task
 
 
@@ -182,13 +180,15 @@ def _spread_note(table: pd.DataFrame) -> str:
             f"tables.")
 
 
-def draw_baselines(ax, runs: pd.DataFrame, split: str, x: str | None) -> list[dict]:
-    """The task's baselines on ``split``: a dashed line each (over x, when it varies with x);
-    their values, for the panel's table."""
+def draw_baselines(ax, runs: pd.DataFrame, split: str, x: str | None,
+                   only: list[str] | None = None) -> list[dict]:
+    """The task's baselines on ``split`` (or ``only`` the named ones): a dashed line each (over
+    x, when it varies with x); their values, for the panel's table."""
     rows = []
     prefix = f"baseline:{split}:"
     # a column another task's runs brought into the frame is all NaN here
-    columns = [c for c in runs.columns if c.startswith(prefix) and runs[c].notna().any()]
+    columns = [c for c in runs.columns if c.startswith(prefix) and runs[c].notna().any()
+               and (only is None or c[len(prefix):] in only)]
     for number, column in enumerate(columns):
         name = column[len(prefix):].replace("_", " ")
         style = dict(color="black", lw=1, alpha=0.6,
@@ -240,8 +240,9 @@ def draw_lines(ax, panel: dict) -> str:
             markdown_rows.append({"model": label, **{
                 _x_label(x, v): "" if np.isnan(m) else f"{m:.3f}" if np.isnan(sd)
                 else f"{m:.3f} ± {sd:.2g}" for v, m, sd in zip(grid, means, sds)}})
-    if primary:
-        markdown_rows += draw_baselines(ax, runs, headline, x)
+    if primary or panel.get("baselines"):
+        markdown_rows += draw_baselines(ax, runs, headline, x,
+                                        None if primary else panel["baselines"])
     threshold = table["solved_threshold"].dropna() if primary else pd.Series(dtype=float)
     if len(threshold):
         ax.axhline(threshold.iloc[0], color="black", ls=":", lw=1,
@@ -249,7 +250,7 @@ def draw_lines(ax, panel: dict) -> str:
     ax.set_xlabel("layers" if x == "layers" else x.split(".", 1)[1])
     ax.set_xticks(grid)
     ax.set_ylabel(f"{metric} ({headline})")
-    ax.set_ylim(-0.02, 1.02) if metric == "accuracy" else None
+    ax.set_ylim(-0.02, 1.02) if metric in ("accuracy", "last_accuracy") else None
     if metric == "solved_length":  # positions, from none to the whole word
         ax.set_ylim(-0.5, _single(runs, length_column(runs["task"].iloc[0])) + 0.5)
     ax.grid(alpha=0.3)
@@ -405,7 +406,7 @@ def draw_generalisation(ax, panel: dict) -> str:
     ax.set_xticks(sorted(xs), [str(x) for x in sorted(xs)])
     ax.set_xlabel("evaluation length")
     ax.set_ylabel(f"{metric}{unit}")
-    ax.set_ylim(-0.02, 1.02) if metric == "accuracy" else None
+    ax.set_ylim(-0.02, 1.02) if metric in ("accuracy", "last_accuracy") else None
     ax.grid(alpha=0.3)
     frame = pd.DataFrame(rows)
     frame = frame[[*frame.columns[:4], *sorted(frame.columns[4:], key=lambda c: int(c[7:]))]]

@@ -25,20 +25,33 @@ from pathbench.runners.analysis.cells import (
 FORMATS = ("table", "csv", "markdown", "records")
 
 
+# Shown beside the primary metric in the default table, where a task records them: the word
+# problems' final position, the one that needs the whole running product.
+SECONDARY_METRICS = ("last_accuracy",)
+
 # The two readings of depth: the fewest layers at which the cell solves the task (two thirds of
 # its seeds: it learns it reliably), and at which any seed does (it can express it).
 READINGS = {"min_layers": "solved", "min_layers_any": "solved_seeds"}
 
 
-def min_layers_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Per task, model and head count, the fewest layers at which the cell solves the task on
-    test at the learning rate val picked, and at which any of its seeds does (">N": not up to
-    N; ">N?": unresolved, for some of the cells' runs were still improving when their budget
-    ended)."""
-    rows = []
+def min_layers_table(table: pd.DataFrame, settings: list[str] | None = None) -> pd.DataFrame:
+    """Per model and head count, the fewest layers at which the cell solves the task on test at
+    the learning rate val picked, and at which any of its seeds does (">N": not up to N; ">N?":
+    unresolved, for some of the cells' runs were still improving when their budget ended).
+
+    A row holds cells that differ only in their layer count (and learning rate): runs of
+    different lengths or step budgets never share one. ``settings``, the columns that tell
+    such rows apart (default: every setting that varies among the cells but the layer count),
+    are columns of the result."""
     solvable = table[table["solved_threshold"].notna()]
-    for (task, model, heads), cells in solvable.groupby(["task", "model", "heads"], sort=False):
-        row = {"task": task, "model": model, "heads": heads}
+    if settings is None:
+        settings = [c for c in ["d_model", *varying_config_columns(solvable)]
+                    if c in solvable and solvable[c].astype(str).nunique() > 1]
+    rows = []
+    for _, cells in solvable.groupby("depth_free_cell", sort=False):
+        first = cells.iloc[0]
+        row = {"task": first["task"], "model": first["model"], "heads": first["heads"],
+               **{column: tidy(first[column]) for column in settings}}
         cut_short = bool(pd.to_numeric(cells["budget_limited"]).fillna(0).gt(0).any())
         for reading, column in READINGS.items():
             found = cells[cells[column] > 0]
@@ -46,27 +59,33 @@ def min_layers_table(table: pd.DataFrame) -> pd.DataFrame:
                             else f">{int(cells['layers'].max())}" + ("?" if cut_short else ""))
         rows.append(row)
     rank = {name: i for i, name in enumerate(model_order(table["model"]))}
-    return pd.DataFrame(rows, columns=["task", "model", "heads", *READINGS]).sort_values(
-        ["task", "model", "heads"], key=lambda c: c.map(rank) if c.name == "model" else c,
-        kind="stable").reset_index(drop=True)
+    return pd.DataFrame(rows, columns=["task", "model", "heads", *settings, *READINGS]
+                        ).sort_values(["task", "model", "heads", *settings],
+                                      key=lambda c: c.map(rank) if c.name == "model" else c,
+                                      kind="stable").reset_index(drop=True)
 
 
 def min_depth_by_length(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per task, model and head count, each reading of depth (`READINGS`, by name) at each
-    sequence length of the runs (a column "length=N" each; ">N": not up to N layers)."""
+    sequence length of the runs (a column "length=N" each; ">N": not up to N layers). Settings
+    that vary among the runs of one length (a step budget, say) are columns, so that a row
+    never mixes them."""
     column = length_column(frame["task"].iloc[0]) if len(frame) else None
     lengths = frame[column] if column in frame else pd.Series(None, frame.index)
+    groups = list(frame.groupby(lengths.fillna(-1), sort=True))
+    settings = [c for c in ["d_model", *varying_config_columns(frame)]
+                if c != column and any(group[c].astype(str).nunique() > 1 for _, group in groups)]
     found = []
-    for length, group in frame.groupby(lengths.fillna(-1), sort=True):
+    for length, group in groups:
         label = "min_layers" if length == -1 else f"length={tidy(length)}"
-        table = min_layers_table(aggregate(group))
+        table = min_layers_table(aggregate(group), settings)
         found += [{**row, "column": label} for row in table.to_dict("records")]
     if not found:
         return {reading: pd.DataFrame() for reading in READINGS}
     readings = {}
     for reading in READINGS:
-        wide = pd.DataFrame(found).pivot(index=["task", "model", "heads"], columns="column",
-                                         values=reading)
+        wide = pd.DataFrame(found).pivot(index=["task", "model", "heads", *settings],
+                                         columns="column", values=reading)
         columns = sorted(wide.columns, key=lambda c: (len(c), c))  # length=8 before length=12
         wide = wide[columns].reset_index().fillna("")
         rank = {name: i for i, name in enumerate(model_order(wide["model"]))}
@@ -76,12 +95,26 @@ def min_depth_by_length(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return readings
 
 
+def fixed_settings(task: str, runs: pd.DataFrame) -> list[str]:
+    """The sequence length and step budget that all of ``runs`` share, in words ("length 12",
+    "10,000 steps"); a table or figure of them names these, since no column shows them."""
+    parts = []
+    column = length_column(task)
+    lengths = runs[column].dropna().unique() if column in runs else []
+    if len(lengths) == 1:
+        parts.append(f"length {tidy(lengths[0])}")
+    steps = runs["train.steps"].dropna().unique() if "train.steps" in runs else []
+    if len(steps) == 1:
+        parts.append(f"{tidy(steps[0]):,} steps")
+    return parts
+
+
 def both_readings(frame: pd.DataFrame) -> pd.DataFrame:
     """`min_depth_by_length` with both readings in each cell: "reliably (any seed)"."""
     reliable, any_seed = min_depth_by_length(frame).values()
     if reliable.empty:
         return reliable
-    lengths = [c for c in reliable.columns if c not in ("task", "model", "heads")]
+    lengths = [c for c in reliable.columns if c.startswith("length=") or c == "min_layers"]
     for column in lengths:
         reliable[column] = [f"{r} ({a})" if r else "" for r, a in
                             zip(reliable[column], any_seed[column])]
@@ -155,6 +188,20 @@ def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_te
             if table[f"{split}_low"].notna().any():
                 shown[f"{split}_low{unit}"] = table[f"{split}_low"]
                 shown[f"{split}_high{unit}"] = table[f"{split}_high"]
+    for metric in SECONDARY_METRICS:
+        column = f"{headline}:{metric}"
+        if column not in frame or frame[column].isna().all():
+            continue
+        finished = frame[frame["status"] == "ok"]
+        stats = finished.groupby(["cell", "lr"])[column].agg(["mean", "std"])
+        means, sds = zip(*[stats.loc[key] if key in stats.index else (math.nan, math.nan)
+                           for key in zip(table["cell"], table["lr"])])
+        name = f"{metric.replace('_', ' ')} ({headline})"
+        after = list(shown.columns).index(headline + unit) + 1 if headline + unit in shown else 0
+        if as_text:
+            shown.insert(after, name, [_mean_std(mean, sd) for mean, sd in zip(means, sds)])
+        else:
+            shown[name], shown[f"{name}_std"] = means, sds
     return shown
 
 
@@ -238,13 +285,15 @@ def results_text(frame: pd.DataFrame, table: pd.DataFrame, per_run: bool, fmt: s
     sections = []  # one table per task, with the columns that task's runs use
     for name, task_frame in frame.groupby("task", sort=True):
         shown = display_table(table[table["task"] == name], task_frame, per_run)
-        heading = f"### {name}\n" if fmt == "markdown" else f"{name}:"
+        fixed = fixed_settings(name, task_frame)
+        title = f"{name} ({', '.join(fixed)})" if fixed else name
+        heading = f"### {title}\n" if fmt == "markdown" else f"{title}:"
         sections.append(f"{heading}\n{render(shown.drop(columns='task'), fmt)}")
         if not per_run and task_frame["solved_threshold"].notna().any() \
                 and task_frame["layers"].nunique() > 1:
             depth = both_readings(task_frame).drop(columns="task")
             threshold = task_frame["solved_threshold"].dropna().iloc[0]
-            sections.append(f"{name}: minimum layers to solve: two thirds of the seeds at "
+            sections.append(f"{title}: minimum layers to solve: two thirds of the seeds at "
                             f">= {threshold:g} on test (in brackets: any seed), at the learning "
                             f"rate val picked; >N?: unresolved, some runs still improving when "
                             f"their budget ended\n{render(depth, fmt)}")

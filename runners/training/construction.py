@@ -16,7 +16,7 @@ from pathbench import UserError
 from pathbench.models.constructions import CONSTRUCTIONS, Construction
 from pathbench.runners.training import store
 from pathbench.runners.training.config import DECISION_SPLIT, DECISIONS, Run, resolve_run
-from pathbench.runners.training.execute import provenance
+from pathbench.runners.training.execute import run_provenance
 from pathbench.runners.training.loop import (
     EvaluationSplit,
     activation_dtype,
@@ -77,7 +77,7 @@ def score_construction(construction: Construction, run: Run, out: Path,
     data_hash, baselines = hash_and_baselines(task, splits)
     batch_tokens = train.batch_size * splits[0].chunk(0).inputs.shape[1]
     model.to(device)
-    metrics = {data.split: evaluate(model, 1, task, data, batch_tokens, device, progress)[0]
+    metrics = {data.split: evaluate(model, 1, task, data, batch_tokens, device, progress=progress)[0]
                for data in splits}
     validation = metrics.pop(DECISION_SPLIT)
     record = {
@@ -87,10 +87,11 @@ def score_construction(construction: Construction, run: Run, out: Path,
         "metrics": to_jsonable(metrics), "validation": validation,
         "baselines": baselines, "decisions": DECISIONS, "construction": construction.name,
         "claim": construction.claim, "config": config,
-        "provenance": {**provenance(run, device), "seed": run.seed, "dataset_hash": data_hash,
-                       "attention_backend": model.attention_backend(device, activation_dtype(device)),
-                       "training_data": None, "started_at": started.isoformat(timespec="seconds"),
-                       "wall_time_s": round(time.perf_counter() - clock, 3)},
+        "provenance": {
+            **run_provenance(run, device), "seed": run.seed, "dataset_hash": data_hash,
+            "attention_backend": model.attention_backend(device, activation_dtype(device)),
+            "training_data": None, "started_at": started.isoformat(timespec="seconds"),
+            "wall_time_s": round(time.perf_counter() - clock, 3)},
     }
     run_dir.mkdir(parents=True, exist_ok=True)
     store.write_json_atomic(run_dir / store.CONFIG_FILE, config)

@@ -71,7 +71,7 @@ def plugin_provenance(run: Run) -> dict:
     return plugins
 
 
-def provenance(run: Run, device) -> dict:
+def run_provenance(run: Run, device) -> dict:
     """What produced a record of ``run`` on ``device`` (a torch.device): versions, commit,
     hardware, where training data came from; the dataset hash and wall time are filled later."""
     import torch
@@ -128,7 +128,7 @@ def execute_runs(runs: list[Run], out: Path, progress: bool = True) -> list[dict
     device = torch.device(shared.device)
     started = datetime.now(timezone.utc)
     clock = time.perf_counter()
-    shared_provenance = provenance(shared, device)
+    shared_provenance = run_provenance(shared, device)
     records = []
     for run, run_dir in zip(runs, run_dirs):
         provenance = {

@@ -387,7 +387,7 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
 
     def final_metrics() -> list[dict]:
         per_split = {data.split: evaluate(model, count, task, data, batch_tokens, device,
-                                          progress)
+                                          progress=progress)
                      for data in test_sets}
         return [{split: rows[member] for split, rows in per_split.items()}
                 for member in range(count)]
