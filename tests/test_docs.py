@@ -1,0 +1,37 @@
+"""The example outputs in the docs are what the code prints today: the main job's closing lines in
+docs/usage.md, and the numbers of the CPU presets' table, which come from results/cpu_presets."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pathbench.runners.cli.run import summary_table
+from pathbench.runners.training.config import DECISION_SPLIT, resolve_run
+from pathbench.runners.training.loop import EvaluationSplit
+
+ROOT = Path(__file__).parents[1]
+
+
+def code_blocks(text: str) -> list[str]:
+    return re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
+
+
+def test_the_main_jobs_example_is_what_it_prints_for_a_model_without_error():
+    """docs/usage.md shows `pathbench run flipflop --layers 1` on a CPU: its run id, steps, and
+    the split table of a model that makes no error (what PaTH does on every seed), whose read
+    counts come from the evaluation data."""
+    status, *table = code_blocks((ROOT / "docs" / "usage.md").read_text())[0].splitlines()
+    run = resolve_run("flipflop", options={"layers": 1}, device="cpu")
+    assert re.fullmatch(rf"ok after {run.train.steps} steps in [0-9.]+ s: "
+                        rf"results/runs/{run.run_id}", status), status
+    task, metrics = run.task, {}
+    for split in task.test_splits:
+        data = EvaluationSplit(task, split, run.train.eval_sizes.get(split, run.train.eval_num))
+        tally = None
+        for chunk in data.chunks():  # a perfect model: its predictions are the targets
+            more = task.tally(chunk.targets, chunk.targets, split)
+            tally = more if tally is None else {k: tally[k] + more[k] for k in tally}
+        metrics[split] = task.metrics_from(tally, split)
+    assert DECISION_SPLIT not in metrics
+    assert "\n".join(table) == summary_table({"metrics": metrics})
