@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from dataclasses import replace
 from pathlib import PurePosixPath
 from types import SimpleNamespace
 
@@ -296,6 +297,16 @@ def test_shipped_sweep_files_resolve():
     for name in ("flipflop", "word_problems", "mqrar", "heads"):
         file_settings, _ = load_sweep_file(find_sweep_file(name))
         assert file_settings["out"].startswith("results/runs/")
+    # the CPU presets' robustness: five seeds of exactly what `pathbench run TASK` trains on a
+    # CPU, with the models docs/usage.md compares there
+    cpu_settings, cpu_grids = load_sweep_file(find_sweep_file("cpu"))
+    assert cpu_settings["device"] == "cpu" and cpu_settings["out"].startswith("results/runs/")
+    for grid in cpu_grids:
+        assert grid.seeds == [0, 1, 2, 3, 4]
+        default = resolve_run(grid.task, device="cpu")
+        for run in grid.runs("cpu"):
+            assert run.config["task"] == default.config["task"] and run.train == default.train
+            assert replace(run.model, attention=default.model.attention) == default.model
     _, heads = load_sweep_file(find_sweep_file("heads"))
     assert [(grid.task, grid.heads) for grid in heads] == [("flipflop", [1, 2, 4]), ("a5", [1, 2, 4])]
     assert len(heads[1].runs("cuda")) == 3 * 4 * 3 * 3 * 3  # models x layers x heads x lrs x seeds
