@@ -289,7 +289,7 @@ def test_shipped_sweep_files_resolve():
     lengths = {}
     for grid in grids:
         if grid.task in ("a5", "a4xz5", "z60"):
-            assert grid.until_solved and len(grid.seeds) >= 3
+            assert grid.until_solved and len(grid.seeds) >= 3 and grid.max_seeds == 5
             task = grid.runs("cuda")[0].task.config
             assert task["eval_lengths"] == (2 * task["length"],)
             lengths.setdefault(grid.task, []).append(task["length"])
@@ -502,6 +502,38 @@ def test_a_model_cut_short_by_its_budget_is_unresolved_not_unsolved(tmp_path):
     assert pd.isna(counts[("path", 1)]) and pd.isna(counts[("path", 2)])
     readings = min_layers_table(table).set_index("model")
     assert readings.loc["rope", "min_layers"] == ">2?" and readings.loc["path", "min_layers"] == ">2"
+
+
+def test_a_depth_whose_seeds_disagree_gets_more_seeds_before_the_search_goes_on(tmp_path):
+    """max_seeds 5: path's three seeds disagree at 1 layer (one of three solves), so seeds 3
+    and 4 train at that depth at both learning rates, and all five decide (three of five: not
+    solved, so on to 2 layers); rope's seeds agree (none solves) and it goes deeper at once."""
+    grid = Grid(task="a5", models=["path", "rope"], layers=[1, 2], lrs=[1e-3, 3e-4],
+                seeds=[0, 1, 2], sets=["task.length=8"], until_solved=True, max_seeds=5)
+    added, dropped, trained = [], [], []
+    schedule = Schedule([(grid, grid.runs("cpu"))], tmp_path, dropped.extend, add=added.extend)
+    while (pack := schedule.next_pack()) is not None:
+        for run in pack:
+            trained.append((run.model.attention, run.model.layers, run.seed))
+            # path solves with seeds 0, 3 and 4 at 1 layer, with every seed at 2
+            solves = run.model.attention == "path" and (run.model.layers == 2
+                                                         or run.seed in (0, 3, 4))
+            store.write_json_atomic(tmp_path / run.run_id / "result.json",
+                                    _fake_record(run, 0.95 if solves else 0.5))
+            schedule.ended(run.run_id)
+    assert sorted({(layers, seed) for model, layers, seed in trained if model == "path"}) == [
+        (1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (2, 0), (2, 1), (2, 2)]
+    assert sorted({(layers, seed) for model, layers, seed in trained if model == "rope"}) == [
+        (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
+    assert sorted((run.model.layers, run.seed, run.train.lr) for run in added) == [
+        (1, 3, 3e-4), (1, 3, 1e-3), (1, 4, 3e-4), (1, 4, 1e-3)]
+    row = aggregate(load_frame(tmp_path))
+    row = row[(row["model"] == "path") & (row["layers"] == 1)].iloc[0]
+    assert (row["seeds"], row["val_solved_seeds"], row["val_solved"]) == (5, 3, False)
+    with pytest.raises(UserError, match="needs until_solved"):
+        Grid(task="a5", seeds=[0], max_seeds=3).runs("cpu")
+    with pytest.raises(UserError, match=r"max_seeds \(2\) is below the 3 seeds"):
+        Grid(task="a5", seeds=[0, 1, 2], until_solved=True, max_seeds=2).runs("cpu")
 
 
 @pytest.mark.parametrize("record, expected", [

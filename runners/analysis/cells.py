@@ -41,7 +41,7 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
     sample standard deviation, min and max of ``metric`` (default: the primary metric) on every
     test split. ``score`` is the mean primary metric on val, which picks the learning rate;
     ``val_solved`` and ``solved`` say whether two thirds of the seeds reach the task's threshold
-    on val and on the headline test split; ``solved_seeds`` counts the seeds that reach it on
+    on val and on the headline test split, ``val_solved_seeds`` how many reach it on val; ``solved_seeds`` counts the seeds that reach it on
     the headline split, with the 95% Wilson interval of that solve rate (solve_low,
     solve_high); ``budget_limited`` counts the runs that ended at their step cap with val still
     improving (None where the records do not say). ``lr_at_edge``: the learning rate is the
@@ -70,6 +70,7 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
         row["score"] = scores.mean() if len(scores) else -math.inf
         threshold = first["solved_threshold"]
         row["val_solved"] = solved(scores, len(runs), threshold)
+        row["val_solved_seeds"] = solved_seeds(scores, threshold)
         headline = _values(runs, f"{row['headline']}:{primary}")
         row["solved"] = solved(headline, len(runs), threshold)
         row["solved_seeds"] = solved_seeds(headline, threshold)

@@ -33,6 +33,9 @@ from pathbench.runners.training.config import DEVICES
               help="Also sweep any task./model./train. setting (repeatable).")
 @click.option("--until-solved", is_flag=True, default=None,
               help="Stop adding layers to a model once it solves the task.")
+@click.option("--max-seeds", type=int, default=None,
+              help="With --until-solved: a depth whose seeds disagree on val (some solve, some "
+                   "not) gets more seeds, up to this many, before the search goes on.")
 @shared_options
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Runs (or packs) trained at once: local processes, or concurrent Slurm jobs.")
@@ -49,7 +52,8 @@ from pathbench.runners.training.config import DEVICES
               help="List the runs as done, todo or skip (solved at fewer layers), and with "
                    "--executor slurm the jobs they go in; run none.")
 @click.pass_context
-def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solved, d_model,
+def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solved, max_seeds,
+          d_model,
           steps, batch_size, device, preset, out, sets, workers, pack, executor, slurm_options,
           sweep_file, dry_run):
     """Run a grid of runs over TASK, or the sweeps a --file defines.
@@ -65,7 +69,7 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
     grid_values = dict(models=models, layers=layers, heads=heads, lrs=lrs, d_model=d_model,
                        steps=steps, batch_size=batch_size, preset=preset,
                        grid=parse_grid_options(grid_options) or None,
-                       until_solved=until_solved, seeds=seeds, pack=pack)
+                       until_solved=until_solved, max_seeds=max_seeds, seeds=seeds, pack=pack)
     if sweep_file is not None:
         if task is not None:
             raise UserError("give either TASK or --file, not both")

@@ -47,10 +47,17 @@ class Grid:
     sets: list[str] = field(default_factory=list)
     grid: dict[str, list[str]] = field(default_factory=dict)  # "task.n_back" -> ["1", "2"]
     until_solved: bool = False
+    # until_solved: a depth whose seeds disagree on val gets seeds added, up to this many
+    max_seeds: int | None = None
     pack: int = 1  # runs trained as one model (those differing only in seed and lr)
 
     def runs(self, device: str) -> list[Run]:
         """Every grid point, resolved; duplicates (same run id) appear once."""
+        if self.max_seeds is not None and not self.until_solved:
+            raise UserError("max_seeds adds seeds to a depth search; it needs until_solved")
+        if self.max_seeds is not None and self.max_seeds < len(self.seeds):
+            raise UserError(f"max_seeds ({self.max_seeds}) is below the {len(self.seeds)} seeds "
+                            f"every depth runs")
         if self.until_solved:
             from pathbench.tasks import make_task
 
@@ -184,7 +191,8 @@ def _grid_from_table(table: dict, where: str) -> Grid:
                   sets=sets,
                   grid={key: [str(v) for v in (values if isinstance(values, list) else [values])]
                         for key, values in grid_table.items()},
-                  until_solved=table.get("until_solved"), pack=table.get("pack"))
+                  until_solved=table.get("until_solved"), max_seeds=table.get("max_seeds"),
+                  pack=table.get("pack"))
 
 
 def apply_values(target: Grid, prefix: str, **values) -> Grid:
@@ -202,7 +210,7 @@ def apply_values(target: Grid, prefix: str, **values) -> Grid:
             continue
         if key in parsers:
             value = parsers[key](value)
-        elif key in ("d_model", "steps", "batch_size", "pack") and (
+        elif key in ("d_model", "steps", "batch_size", "pack", "max_seeds") and (
                 isinstance(value, bool) or not isinstance(value, int)):
             raise UserError(f"{prefix}{key} must be an integer, got {value!r}")
         elif key == "pack" and value < 1:

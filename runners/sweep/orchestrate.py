@@ -93,7 +93,11 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
         bar.total -= len(runs)
         bar.refresh()
 
-    schedule = Schedule(planned, out, skip)
+    def add(runs: list[Run]) -> None:  # seeds added to a depth whose seeds disagree
+        bar.total += len(runs)
+        bar.refresh()
+
+    schedule = Schedule(planned, out, skip, add=add)
 
     def report(name: str, summary: dict | None) -> None:
         status = summary["status"] if summary else "lost"

@@ -2,13 +2,16 @@
 
 Runs go out in packs (runs that differ only in seed and learning rate, trained as one model,
 ``pathbench.models.pack``). ``--until-solved`` runs layer counts in ascending order and skips a
-model's deeper layer counts once it has solved the task (mean over seeds at the best learning
-rate >= the task's solved threshold), which is what a min-layers-to-solve table needs and no
-more.
+model's deeper layer counts once it has solved the task (two thirds of the seeds at the
+learning rate val picked reach the task's solved threshold on val), which is what a
+min-layers-to-solve table needs and no more. With ``--max-seeds N``, a depth whose seeds
+disagree on val (some solve, some do not) first gets more seeds, up to N in all, and is judged
+again on all of them: a split of three seeds is the case a solve rate resolves least.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import sys
@@ -40,9 +43,10 @@ class Schedule:
     """
 
     def __init__(self, planned: list[tuple[Grid, list[Run]]], out: Path, drop,
-                 dry_run: bool = False):
+                 dry_run: bool = False, add=lambda runs: None):
         self.out, self.dry_run = out, dry_run
         self.drop = drop  # called with the runs (not yet done) that a solved model never needs
+        self.add = add  # called with the runs added to a depth whose seeds disagree
         # per grid number, the packs that may start: a heap of (priority, arrival, pack)
         self.ready: dict[int, list[tuple[tuple, int, list[Run]]]] = {}
         self.arrivals = itertools.count()  # equal priorities go in the order they came
@@ -84,39 +88,74 @@ class Schedule:
                 self._advance(chain)
 
     def _advance(self, chain: _Chain) -> None:
-        """Hand out the chain's next step that has runs to do, or drop the rest if solved."""
-        while chain.steps:
-            if chain.last is not None and chain.grid.until_solved and self._solved(chain.last):
-                self.drop([run for step in chain.steps for run in step
-                           if run.run_id not in self.handed_out
-                           and not self._done(run)])
-                chain.steps = []
+        """Hand out the chain's next step that has runs to do (more seeds for the last one,
+        where they disagree), or drop the rest if solved."""
+        while chain.steps or chain.last is not None:
+            if chain.last is not None and chain.grid.until_solved:
+                verdict = self._verdict(chain.last)
+                if verdict == "solved":
+                    self.drop([run for step in chain.steps for run in step
+                               if run.run_id not in self.handed_out
+                               and not self._done(run)])
+                    chain.steps = []
+                    return
+                more = (more_seeds(chain.last, chain.grid.max_seeds)
+                        if verdict == "split" and chain.grid.max_seeds else [])
+                if more:
+                    chain.last = chain.last + more
+                    self.add([run for run in more if not self._done(run)])
+                    if self._hand_out(chain, more):
+                        return
+                    continue
+            if not chain.steps:
                 return
             chain.last = step = chain.steps.pop(0)
-            todo = [run for run in step if not self._done(run)]
-            new = [run for run in todo if run.run_id not in self.waiting]
-            self.handed_out.update(run.run_id for run in new)
-            steps_ahead = len(chain.steps) + 1 if chain.grid.until_solved else 0
-            for pack in in_packs(in_run_order(new), chain.grid.pack):
-                heapq.heappush(self.ready.setdefault(chain.number, []),
-                               ((-steps_ahead, *_run_order(pack[0])), next(self.arrivals), pack))
-            chain.running = {run.run_id for run in todo}
-            for name in chain.running:
-                self.waiting.setdefault(name, []).append(chain)
-            if chain.running:
+            if self._hand_out(chain, step):
                 return
+
+    def _hand_out(self, chain: _Chain, step: list[Run]) -> bool:
+        """Queue the runs of ``step`` not yet done; whether any is to wait for."""
+        todo = [run for run in step if not self._done(run)]
+        new = [run for run in todo if run.run_id not in self.waiting]
+        self.handed_out.update(run.run_id for run in new)
+        steps_ahead = len(chain.steps) + 1 if chain.grid.until_solved else 0
+        for pack in in_packs(in_run_order(new), chain.grid.pack):
+            heapq.heappush(self.ready.setdefault(chain.number, []),
+                           ((-steps_ahead, *_run_order(pack[0])), next(self.arrivals), pack))
+        chain.running = {run.run_id for run in todo}
+        for name in chain.running:
+            self.waiting.setdefault(name, []).append(chain)
+        return bool(chain.running)
 
     def _done(self, run: dict) -> bool:
         return is_done(self.out / run.run_id, set_aside=not self.dry_run)
 
-    def _solved(self, step: list[Run]) -> bool:
-        from pathbench.runners.analysis.cells import solved_cells  # pandas: only when asked
+    def _verdict(self, step: list[Run]) -> str:
+        """What val says of a depth's runs: "solved" (two thirds of the seeds at the picked
+        learning rate), "split" (some of those seeds solve, not enough), or "not solved"."""
+        from pathbench.runners.analysis.cells import aggregate  # pandas: only when asked
         from pathbench.runners.analysis.records import load_frame
 
         recorded = {run.run_id for run in step if self._done(run)}
         if not recorded:  # a dry run before any record, or every worker died
-            return False
-        return step[0].cell_key(with_layers=False) in solved_cells(load_frame(self.out, recorded))
+            return "not solved"
+        table = aggregate(load_frame(self.out, recorded))
+        rows = table[table["depth_free_cell"] == step[0].cell_key(with_layers=False)]
+        if rows.empty:
+            return "not solved"
+        row = rows.iloc[0]
+        if row["val_solved"]:
+            return "solved"
+        return "split" if 0 < row["val_solved_seeds"] < row["seeds"] else "not solved"
+
+
+def more_seeds(step: list[Run], max_seeds: int) -> list[Run]:
+    """The runs that bring a depth's step to ``max_seeds`` seeds: the next seed numbers, at
+    every learning rate of the step; none if it has that many."""
+    seeds = sorted({run.seed for run in step})
+    templates = [run for run in step if run.seed == seeds[0]]
+    return [dataclasses.replace(run, seed=seed) for seed in
+            range(seeds[-1] + 1, seeds[-1] + 1 + max_seeds - len(seeds)) for run in templates]
 
 
 @dataclass
