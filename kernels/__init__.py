@@ -8,6 +8,9 @@
 - ``softmax_probs``, ``sba_probs`` and ``path_probs``: [B, H, T, T] attention weights, for
   inspection; they materialise every logit (PaTH through the reference implementation).
 
+The recurrent token mixers' recurrences (the delta rule, RWKV-7's state update) are in
+``delta_rule``; their models call them directly.
+
 PaTH implementations: ``reference`` (the materialised global UT formula, for tests and
 attention maps), ``blockwise`` (per-block solves, the training path without Triton),
 ``recurrent`` (a key cache updated in place by each new token, for generation) and

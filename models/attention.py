@@ -48,6 +48,11 @@ class Attention(nn.Module):
     """Multi-head causal self-attention; subclasses decide how position enters."""
 
     backends = ("auto", "torch")  # the values of ModelConfig.backend this variant takes
+    family = "attention"  # tables and figures group models by family: attention, recurrent
+
+    @classmethod
+    def check_device(cls, name: str, device: str) -> None:
+        """Raise UserError if this mixer, registered as ``name``, cannot run on ``device``."""
 
     @classmethod
     def check_config(cls, config) -> None:
@@ -86,6 +91,11 @@ class Attention(nn.Module):
     def implementation(self, q) -> str:
         """What computes this attention for queries like q [B, T, H, D]: "torch" or "triton"."""
         return "torch"
+
+    def state_size(self) -> int | None:
+        """Numbers this layer carries per sequence from token to token; None where it grows
+        with the sequence (attention's cache of keys and values)."""
+        return None
 
     def attend(self, q, k, v, x):
         """[B, T, H, D] attention output; x is the layer input, for data-dependent parts."""

@@ -22,6 +22,7 @@ class ModelConfig:
     d_model: int = 64
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model
     beta_max: float = 2.0  # upper clip of PaTH's beta (< 2 keeps low-precision runs stable)
+    householder_steps: int = 2  # deltaproduct's delta-rule steps per token
     # the attention's implementation: "auto" (Triton on CUDA where it takes the shape, else
     # torch), "torch" or "triton"; the attention class lists the ones it has
     backend: str = "auto"
@@ -31,7 +32,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
 # Upper bounds far beyond any model this benchmark trains, so that a typo (layers 100000) is an
 # error at once instead of a machine filling its memory.
 LIMITS = {"vocab_size": 1_000_000, "layers": 256, "heads": 256, "d_model": 16_384,
-          "mlp_ratio": 64}
+          "mlp_ratio": 64, "householder_steps": 16}
 
 
 def model_config(values: dict) -> ModelConfig:
@@ -53,7 +54,7 @@ def model_config(values: dict) -> ModelConfig:
     config = ModelConfig(**converted)
 
     attention = ATTENTIONS.get(config.attention)  # a UserError naming the valid choices
-    for key in ("vocab_size", "layers", "heads", "d_model", "mlp_ratio"):
+    for key in LIMITS:
         value, limit = getattr(config, key), LIMITS[key]
         if not 1 <= value <= limit:
             raise UserError(

@@ -76,6 +76,12 @@ class Transformer(nn.Module):
             x = block(x)
         return self.head(self.norm(x))
 
+    def state_size(self) -> int | None:
+        """Numbers carried per sequence from token to token, over all layers (a recurrent
+        mixer's matrices); None for attention, whose key and value cache grows with length."""
+        sizes = [block.attn.state_size() for block in self.blocks]
+        return None if None in sizes else sum(sizes)
+
     def attention_backend(self, device: torch.device, dtype: torch.dtype) -> str:
         """What computes the attention on ``device`` for activations of ``dtype``."""
         attn = self.blocks[0].attn
@@ -151,7 +157,8 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def describe_models(layers: int, heads: int, d_model: int, vocab_size: int) -> list[dict]:
-    """One row per registered attention: name, origin (built-in or plugin package), parameters.
+    """One row per registered mixer: name, origin (built-in or plugin package), family
+    (attention or recurrent), parameters and recurrent state size (None: grows with length).
 
     A size that no model can have raises UserError; a plugin that fails to build gets
     parameters None and the reason under "error", and the other rows are still listed.
@@ -161,9 +168,12 @@ def describe_models(layers: int, heads: int, d_model: int, vocab_size: int) -> l
     )
     rows = []
     for name, entry in ATTENTIONS.entries().items():
-        row = {"name": name, "origin": entry.origin, "parameters": None}
+        row = {"name": name, "origin": entry.origin, "family": None, "parameters": None,
+               "state_size": None}
         try:
-            row["parameters"] = count_parameters(build_model(replace(size, attention=name)))
+            model = build_model(replace(size, attention=name))
+            row["family"] = model.blocks[0].attn.family
+            row["parameters"], row["state_size"] = count_parameters(model), model.state_size()
         except Exception as exc:  # third-party code may fail in any way; built-ins may not
             if entry.origin == BUILTIN:
                 raise

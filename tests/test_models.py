@@ -201,6 +201,12 @@ def test_describe_models():
     for row in rows[:6]:
         assert row["origin"] == "built-in"
         assert row["parameters"] == count_parameters(make_model(row["name"], layers=2))
+        assert (row["family"], row["state_size"]) == ("attention", None)  # a growing cache
+    recurrent = {row["name"]: row for row in rows if row["family"] == "recurrent"}
+    assert list(recurrent) == ["deltanet", "gated_deltanet", "deltaproduct", "rwkv7"]
+    for row in recurrent.values():  # a 32 x 32 matrix per head and layer
+        assert row["state_size"] == 2 * 2 * 32 * 32
+        assert row["parameters"] == count_parameters(make_model(row["name"], layers=2))
     with pytest.raises(UserError, match="divisible"):
         describe_models(layers=1, heads=3, d_model=64, vocab_size=VOCAB)
 

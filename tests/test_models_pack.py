@@ -10,6 +10,7 @@ from pathbench.models import build_model, model_config
 from pathbench.models.pack import NotPackable, is_packed, member_state_dict, pack_models
 
 VARIANTS = ["nope", "rope", "sba", "fox", "path", "path_fox"]
+MIXERS = ["deltanet", "gated_deltanet", "deltaproduct", "rwkv7"]  # recurrent
 VOCAB = 11
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,7 +26,7 @@ def make_models(attention, seeds):
     return models
 
 
-@pytest.mark.parametrize("attention", VARIANTS)
+@pytest.mark.parametrize("attention", VARIANTS + MIXERS)
 def test_a_pack_computes_each_member_on_its_rows_forward_and_backward(attention):
     models = make_models(attention, seeds=[3, 4, 5])
     packed = pack_models(models)

@@ -8,9 +8,12 @@ PLUGIN = "pathbench-plugin-parity"
 
 
 def parameters(listing: str) -> dict[str, str]:
-    """{name: "51,392" or "error: ..."} from the lines of `pathbench ls --models`."""
+    """{name: "51,392 ..." or "error: ..."} from the lines of `pathbench ls --models` (the
+    families' headings left out)."""
     rows = {}
     for line in listing.splitlines()[1:]:
+        if line.strip().endswith(":"):  # "attention:", "recurrent:", "not loaded:"
+            continue
         name, rest = line.strip().split(maxsplit=1)
         rows[name] = rest
     return rows

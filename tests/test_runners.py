@@ -307,6 +307,15 @@ def test_shipped_sweep_files_resolve():
         for run in grid.runs("cpu"):
             assert run.config["task"] == default.config["task"] and run.train == default.train
             assert replace(run.model, attention=default.model.attention) == default.model
+    # PaTH and RoPE beside the recurrent mixers: flip-flop, and A5 at lengths 16 and 32
+    family_settings, families = load_sweep_file(find_sweep_file("families"))
+    assert family_settings["out"].startswith("results/runs/")
+    for grid in families:
+        assert grid.models == ["deltanet", "deltaproduct", "gated_deltanet", "rwkv7", "path",
+                               "rope"]
+        assert grid.lrs == [1e-4, 3e-4, 1e-3] and grid.seeds == [0, 1, 2]
+    assert [grid.runs("cuda")[0].task.config.get("length") for grid in families] == [512, 16, 32]
+    assert all(grid.until_solved and grid.max_seeds == 5 for grid in families[1:])
     _, heads = load_sweep_file(find_sweep_file("heads"))
     assert [(grid.task, grid.heads) for grid in heads] == [("flipflop", [1, 2, 4]), ("a5", [1, 2, 4])]
     assert len(heads[1].runs("cuda")) == 3 * 4 * 3 * 3 * 3  # models x layers x heads x lrs x seeds

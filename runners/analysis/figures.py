@@ -40,6 +40,7 @@ from pathbench.runners.analysis.cells import aggregate, varying_config_columns
 from pathbench.runners.analysis.records import length_column
 from pathbench.runners.analysis.tables import (
     fixed_settings,
+    model_family,
     min_depth_by_length,
     min_layers_table,
     model_order,
@@ -50,7 +51,10 @@ from pathbench.runners.analysis.tables import (
 # A model looks the same in every figure: the built-ins by name, other models in the order they
 # appear, first from OTHER_COLOURS, then hues that no model has taken.
 MODEL_COLOURS = {"nope": "#7f7f7f", "rope": "#1f77b4", "sba": "#2ca02c", "fox": "#ff7f0e",
-                 "path": "#d62728", "path_fox": "#9467bd"}
+                 "path": "#d62728", "path_fox": "#9467bd",
+                 # the recurrent mixers: darker hues, apart from the attention variants'
+                 "deltanet": "#0b6e4f", "gated_deltanet": "#6b8e23", "deltaproduct": "#b8860b",
+                 "rwkv7": "#8b008b"}
 OTHER_COLOURS = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78"]
 BASELINE_STYLES = ["--", "-.", (0, (1, 2)), (0, (5, 2, 1, 2))]
 
@@ -453,10 +457,31 @@ def render(frame: pd.DataFrame) -> tuple[Figure, str]:
     for ax in axes[: len(panels)]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label, handle)
+    legend = grouped_by_family(legend)
     # about four entries fit under one panel's width
     figure.legend(legend.values(), legend.keys(), loc="outside lower center",
                   ncols=min(4 * columns, len(legend)), frameon=False, fontsize=8)
     return figure, "\n\n".join(texts)
+
+
+def grouped_by_family(legend: dict) -> dict:
+    """Legend entries (label -> handle) with the models of each family together, each family
+    headed by its name, where models of more than one family are drawn; then the rest
+    (baselines, line styles) as they came."""
+    from matplotlib.lines import Line2D
+
+    families: dict[str, dict] = {}
+    rest = {}
+    for label, handle in legend.items():
+        family = model_family(label.split(",")[0])
+        (families.setdefault(family, {}) if family else rest)[label] = handle
+    if len(families) < 2:
+        return legend
+    grouped = {}
+    for family, entries in families.items():
+        grouped[f"{family}:"] = Line2D([], [], ls="none")  # a heading: no line, no marker
+        grouped.update(entries)
+    return {**grouped, **rest}
 
 
 def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:

@@ -237,6 +237,20 @@ def builtin_models() -> list[str]:
     return [name for name, entry in ATTENTIONS.entries().items() if entry.origin == BUILTIN]
 
 
+def model_family(name: str) -> str | None:
+    """The family of a registered model ("attention" or "recurrent"); None for a name that is
+    not one (a baseline, a construction, a plugin that is not installed here)."""
+    from pathbench import UserError
+    from pathbench.models import ATTENTIONS
+
+    if name not in ATTENTIONS.names():
+        return None
+    try:
+        return ATTENTIONS.get(name).family
+    except UserError:  # a plugin that fails to load
+        return None
+
+
 def model_order(models) -> list[str]:
     """Built-in models in the registry's order, then any others alphabetically."""
     present = set(models)

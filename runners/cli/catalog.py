@@ -45,13 +45,21 @@ def model_listing(layers: int, heads: int, d_model: int, vocab_size: int) -> lis
 
     rows = describe_models(layers, heads, d_model, vocab_size)
     lines = [
-        "Attention variants (origin: built-in, or the plugin package that provides it), "
-        f"parameters at layers={layers} heads={heads} d_model={d_model} vocab_size={vocab_size}:"
+        "Token mixers (origin: built-in, or the plugin package that provides it), parameters "
+        f"and recurrent state per sequence at layers={layers} heads={heads} d_model={d_model} "
+        f"vocab_size={vocab_size}:"
     ]
     width = max(len(row["name"]) for row in rows)
-    for row in rows:
-        size = f"{row['parameters']:>10,}" if row["parameters"] is not None else "error: " + row["error"]
-        lines.append(f"  {row['name']:<{width}}  {size}  ({row['origin']})")
+    for family in dict.fromkeys(row["family"] for row in rows):
+        lines.append(f" {family or 'not loaded'}:")
+        for row in (row for row in rows if row["family"] == family):
+            if row["parameters"] is None:
+                lines.append(f"  {row['name']:<{width}}  error: {row['error']}  ({row['origin']})")
+                continue
+            state = ("grows with length" if row["state_size"] is None
+                     else f"{row['state_size']:,} numbers")
+            lines.append(f"  {row['name']:<{width}}  {row['parameters']:>10,}  state: {state}  "
+                         f"({row['origin']})")
     return lines
 
 

@@ -246,7 +246,7 @@ def resolve_run(
     ``options`` holds the command-line options that were given (model, layers, heads, d_model,
     steps, batch_size, lr); ``device`` must already be resolved ("cpu" or "cuda").
     """
-    from pathbench.models import model_config
+    from pathbench.models import ATTENTIONS, model_config
     from pathbench.tasks import TASKS, make_task
 
     options = {key: value for key, value in (options or {}).items() if value is not None}
@@ -280,6 +280,7 @@ def resolve_run(
     if "vocab_size" in model_values:
         raise UserError("model.vocab_size is set by the task's vocabulary and cannot be changed")
     model = model_config({**model_values, "vocab_size": len(task.vocab)})
+    ATTENTIONS.get(model.attention).check_device(model.attention, device)
     if model.backend == "triton" and device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise UserError("model.backend 'triton' needs --device cuda (or TRITON_INTERPRET=1 for "
                         "Triton's CPU interpreter); valid choices on the CPU: auto, torch")

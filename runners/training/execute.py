@@ -111,7 +111,7 @@ def execute_runs(runs: list[Run], out: Path, progress: bool = True) -> list[dict
     """
     import torch
 
-    from pathbench.models import build_model
+    from pathbench.models import build_model, count_parameters
     from pathbench.models.pack import NotPackable, pack_models
     from pathbench.runners.training.loop import Member, activation_dtype, train
 
@@ -151,8 +151,10 @@ def execute_runs(runs: list[Run], out: Path, progress: bool = True) -> list[dict
             torch.manual_seed(run.seed)
             models.append(build_model(run.model))
         backend = models[0].attention_backend(device, activation_dtype(device))
+        size = {"parameters": count_parameters(models[0]), "state_size": models[0].state_size()}
         for record in records:
             record["provenance"]["attention_backend"] = backend
+            record["model_size"] = size
         try:
             packs = [(pack_models(models), list(range(len(runs))))]
         except NotPackable:

@@ -1,0 +1,173 @@
+"""Linear recurrent token mixers, chosen like the attention variants (``model.attention``) and
+placed in the same decoder block, so that only the mixer differs between models.
+
+Every mixer keeps the attention layers' q, k, v and output projections (q and k L2-normalised
+per head) and adds the small projections its recurrence reads from the layer input x:
+
+- ``deltanet``: the delta rule, beta_t = 2 sigmoid(u_b . x_t + b_b) per head, in (0, 2) so
+  that a step's eigenvalue 1 - beta can be negative (Grazzi et al., 2024).
+- ``gated_deltanet``: the same with a gate exp(g_t), g_t = logsigmoid(u_g . x_t + b_g) per
+  head, applied to the state before each token's update (Yang et al., 2025).
+- ``deltaproduct``: ``model.householder_steps`` delta-rule steps per token, each with its own
+  key, value and beta (the first key and value from the shared projection, the others from
+  one more linear map): a product of that many generalised Householder factors per token
+  (Siems et al., 2025), as PaTH's transport is a product of Householder factors across tokens.
+- ``rwkv7``: RWKV-7's state update (Peng et al., 2025): a per-channel decay
+  w_t = -e^-0.5 sigmoid(u_w x_t + b_w) (log scale), the removal key kappa = k / |k|, an
+  in-context learning rate iclr = sigmoid(u_a x_t + b_a) per channel, and
+  S <- diag(e^w) S - (kappa * iclr)(kappa^T S) + (kappa * iclr) v^T, read by the query. The
+  token shift, bonus term, output gate and group norm of RWKV-7's layer are left out: the
+  block around the mixer is the benchmark's, for every mixer alike.
+
+On CUDA (backend "auto" or "fla") the recurrences run through fla-core's chunked operators
+(``pip install -e ".[fla]"``), in bfloat16; elsewhere through the plain recurrences of
+``pathbench.kernels.delta_rule``, their reference. Every parameter lives in a linear layer, so
+packs (``pathbench.models.pack``) take these mixers as they are.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pathbench import UserError
+from pathbench.kernels.delta_rule import delta_rule_recurrence, rwkv7_recurrence
+from pathbench.models.attention import ATTENTIONS, Attention
+
+FLA_INSTALL = 'pip install -e ".[fla]"'
+RWKV7_DECAY_SCALE = math.exp(-0.5)  # RWKV-7's bound on the log decay: w in (-e^-0.5, 0)
+
+
+def fla_installed() -> bool:
+    return importlib.util.find_spec("fla") is not None
+
+
+class RecurrentMixer(Attention):
+    """A mixer whose state is a D x D matrix per head, updated token by token."""
+
+    family = "recurrent"
+    backends = ("auto", "torch", "fla")
+
+    @classmethod
+    def check_device(cls, name: str, device: str) -> None:
+        if device == "cuda" and not fla_installed():
+            raise UserError(f"{name} runs on a GPU through fla-core's fused operators, which "
+                            f"are not installed: {FLA_INSTALL}")
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        super().check_config(config)
+        if config.backend == "fla" and not fla_installed():
+            raise UserError(f"model config 'backend' 'fla' needs fla-core: {FLA_INSTALL}")
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.backend = config.backend
+
+    def implementation(self, q) -> str:
+        if self.backend == "auto":
+            return "fla" if q.is_cuda and fla_installed() else "torch"
+        return self.backend
+
+    def state_size(self) -> int:
+        return self.heads * self.head_dim * self.head_dim
+
+
+class DeltaRuleMixer(RecurrentMixer):
+    """The delta rule with ``steps`` Householder steps per token, gated or not."""
+
+    gated = False
+
+    def __init__(self, config, steps: int = 1):
+        super().__init__(config)
+        self.steps = steps
+        d_model, heads = config.d_model, config.heads
+        self.beta_proj = nn.Linear(d_model, steps * heads)
+        if steps > 1:  # keys and values of the steps after the first
+            self.more_kv = nn.Linear(d_model, 2 * (steps - 1) * d_model, bias=False)
+        if self.gated:
+            self.gate_proj = nn.Linear(d_model, heads)
+
+    def attend(self, q, k, v, x):
+        k, v = k[:, :, None], v[:, :, None]  # [B, T, steps, H, D]
+        if self.steps > 1:
+            more = self.more_kv(x).unflatten(-1, (2, self.steps - 1, self.heads, self.head_dim))
+            k = torch.cat([k, more[:, :, 0]], dim=2)
+            v = torch.cat([v, more[:, :, 1]], dim=2)
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        q, k = F.normalize(q.to(dtype), dim=-1), F.normalize(k.to(dtype), dim=-1)
+        beta = 2 * torch.sigmoid(self.beta_proj(x).to(dtype)).unflatten(-1, (self.steps,
+                                                                             self.heads))
+        log_gate = F.logsigmoid(self.gate_proj(x).to(dtype)) if self.gated else None
+        if self.implementation(q) == "fla":
+            return _fla_delta_rule(q, k, v, beta, log_gate).to(v.dtype)
+        return delta_rule_recurrence(q, k, v, beta, log_gate).to(v.dtype)
+
+
+@ATTENTIONS.register("deltanet")
+class DeltaNetMixer(DeltaRuleMixer):
+    """DeltaNet: the delta rule, beta in (0, 2)."""
+
+
+@ATTENTIONS.register("gated_deltanet")
+class GatedDeltaNetMixer(DeltaRuleMixer):
+    """Gated DeltaNet: the delta rule with a per-head gate on the state, beta in (0, 2)."""
+
+    gated = True
+
+
+@ATTENTIONS.register("deltaproduct")
+class DeltaProductMixer(DeltaRuleMixer):
+    """DeltaProduct: model.householder_steps delta-rule steps per token, beta in (0, 2)."""
+
+    def __init__(self, config):
+        super().__init__(config, steps=config.householder_steps)
+
+
+@ATTENTIONS.register("rwkv7")
+class RWKV7Mixer(RecurrentMixer):
+    """RWKV-7's state update: per-channel decay, normalised removal key, in-context rate."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.decay_proj = nn.Linear(config.d_model, config.d_model)
+        self.rate_proj = nn.Linear(config.d_model, config.d_model)
+
+    def attend(self, q, k, v, x):
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        shape = (self.heads, self.head_dim)
+        w = -RWKV7_DECAY_SCALE * torch.sigmoid(self.decay_proj(x).to(dtype)).unflatten(-1, shape)
+        rate = torch.sigmoid(self.rate_proj(x).to(dtype)).unflatten(-1, shape)
+        kappa = F.normalize(k.to(dtype), dim=-1)
+        r, write = F.normalize(q.to(dtype), dim=-1), kappa * rate
+        scale = self.head_dim**-0.5
+        args = (r, w, write, v.to(dtype), -kappa, write)
+        if self.implementation(q) == "fla":
+            from fla.ops.rwkv7 import chunk_rwkv7
+
+            output, _ = chunk_rwkv7(*(t.to(torch.bfloat16) for t in args), scale=scale)
+            return output.to(v.dtype)
+        return rwkv7_recurrence(*args, scale=scale).to(v.dtype)
+
+
+def _fla_delta_rule(q, k, v, beta, log_gate):
+    """fla-core's chunked operator for these inputs (``delta_rule_recurrence``'s layout), in
+    bfloat16."""
+    from fla.ops.delta_rule import chunk_delta_rule
+    from fla.ops.gated_delta_product import chunk_gated_delta_product
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    steps = k.shape[2]
+    q, k, v, beta = (t.to(torch.bfloat16) for t in (q, k, v, beta))
+    if steps > 1:  # token t's steps at rows t * steps + j
+        output, _ = chunk_gated_delta_product(q, k.flatten(1, 2), v.flatten(1, 2), log_gate,
+                                              beta.flatten(1, 2), num_householder=steps)
+    elif log_gate is not None:
+        output, _ = chunk_gated_delta_rule(q, k[:, :, 0], v[:, :, 0], log_gate, beta[:, :, 0])
+    else:
+        output, _ = chunk_delta_rule(q, k[:, :, 0], v[:, :, 0], beta[:, :, 0])
+    return output

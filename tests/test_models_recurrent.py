@@ -1,0 +1,83 @@
+"""The recurrent mixers as models: causal, trained and packed like the attention variants,
+recorded with their size and state, refused on a GPU without fla-core in one line, and drawn
+with a legend that groups the families."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pathbench import UserError
+from pathbench.models import build_model, model_config
+from pathbench.runners.training.config import resolve_run
+from conftest import cli, sweep_counts
+
+MIXERS = ["deltanet", "gated_deltanet", "deltaproduct", "rwkv7"]
+TINY = ["--steps", "4", "--batch-size", "8", "--set", "train.eval_every=2",
+        "--set", "train.eval_num=16", "--set", "model.d_model=32", "--set", "model.heads=2"]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("name", MIXERS)
+def test_a_mixer_is_causal(name):
+    torch.manual_seed(0)
+    model = build_model(model_config({"attention": name, "vocab_size": 7, "layers": 2,
+                                      "d_model": 32})).double()
+    tokens = torch.randint(0, 7, (2, 12))
+    changed = tokens.clone()
+    changed[:, 8] = (changed[:, 8] + 1) % 7
+    before, after = model(tokens), model(changed)
+    torch.testing.assert_close(before[:, :8], after[:, :8], rtol=0, atol=0)
+    assert not torch.allclose(before[:, 8:], after[:, 8:])
+
+
+def test_deltaproducts_steps_are_a_model_setting():
+    sizes = [build_model(model_config({"attention": "deltaproduct", "vocab_size": 7,
+                                       "householder_steps": steps})).state_size()
+             for steps in (1, 3)]
+    assert sizes[0] == sizes[1]  # more steps per token, the same state
+    one, three = (resolve_run("a5", options={"model": "deltaproduct"},
+                              sets={"model": {"householder_steps": str(n)}}, device="cpu")
+                  for n in (1, 3))
+    assert one.run_id != three.run_id
+    with pytest.raises(UserError, match="householder_steps"):
+        model_config({"attention": "deltaproduct", "vocab_size": 7, "householder_steps": 0})
+
+
+def test_on_a_gpu_without_fla_core_a_mixer_says_how_to_install_it(monkeypatch):
+    from pathbench.models import recurrent
+
+    monkeypatch.setattr(recurrent, "fla_installed", lambda: False)
+    with pytest.raises(UserError) as error:
+        resolve_run("a5", options={"model": "deltanet"}, device="cuda")
+    assert "\n" not in str(error.value) and 'pip install -e ".[fla]"' in str(error.value)
+    resolve_run("a5", options={"model": "path"}, device="cuda")  # attention needs no extra
+    resolve_run("a5", options={"model": "deltanet"}, device="cpu")  # the CPU needs none
+
+
+def test_a_sweep_packs_them_and_records_size_and_state(capsys, tmp_path):
+    code, out, err = cli(capsys, "sweep", "a5", "--models", "deltanet,rwkv7", "--seeds", "0-1",
+                         "--pack", "2", "--set", "task.length=4", *TINY, "--out", tmp_path)
+    assert code == 0, err
+    assert sweep_counts(out) == {"ok": 4}
+    for path in tmp_path.glob("*/result.json"):
+        record = json.loads(path.read_text())
+        assert len(record["provenance"]["pack"]) == 2  # trained as a pack of two
+        assert record["model_size"]["state_size"] == 2 * 2 * 16 * 16  # layers x heads x D^2
+        assert record["provenance"]["attention_backend"] == "torch"
+
+
+def test_a_figure_with_both_families_groups_its_legend(capsys, tmp_path):
+    from pathbench.runners.analysis.figures import render
+    from pathbench.runners.analysis.records import load_frame
+
+    code, _, err = cli(capsys, "sweep", "a5", "--models", "rope,deltanet,path", "--layers",
+                       "1,2", "--set", "task.length=4", *TINY, "--out", tmp_path)
+    assert code == 0, err
+    figure, _ = render(load_frame(tmp_path))
+    labels = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert labels[:6] == ["attention:", "rope", "path", "recurrent:", "deltanet", labels[5]]
+    assert labels[5] not in ("rope", "path", "deltanet")  # baselines and lines come after
