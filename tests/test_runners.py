@@ -545,6 +545,31 @@ def test_a_depth_whose_seeds_disagree_gets_more_seeds_before_the_search_goes_on(
         Grid(task="a5", seeds=[0, 1, 2], until_solved=True, max_seeds=2).runs("cpu")
 
 
+def test_a_depth_cut_short_by_its_budget_trains_again_longer_before_the_search_goes_on(
+        tmp_path):
+    """max_steps 400: path at 1 layer ends its 100 steps still improving and unsolved, so it
+    trains again with 200, then 400 steps, where it solves; rope is not budget-limited and goes
+    deeper at once; deeper layer counts start again from the grid's 100 steps."""
+    grid = Grid(task="a5", models=["path", "rope"], layers=[1, 2], seeds=[0, 1], steps=100,
+                sets=["task.length=8"], until_solved=True, max_steps=400)
+    added, trained = [], []
+    schedule = Schedule([(grid, grid.runs("cpu"))], tmp_path, lambda runs: None,
+                        add=added.extend)
+    while (pack := schedule.next_pack()) is not None:
+        for run in pack:
+            trained.append((run.model.attention, run.model.layers, run.train.steps))
+            solves = run.model.attention == "path" and run.train.steps == 400
+            record = {**_fake_record(run, 0.95 if solves else 0.5),
+                      "budget_limited": run.model.attention == "path" and not solves}
+            store.write_json_atomic(tmp_path / run.run_id / "result.json", record)
+            schedule.ended(run.run_id)
+    assert sorted(set(trained)) == [("path", 1, 100), ("path", 1, 200), ("path", 1, 400),
+                                    ("rope", 1, 100), ("rope", 2, 100)]
+    assert sorted(run.train.steps for run in added) == [200, 200, 400, 400]
+    with pytest.raises(UserError, match=r"max_steps \(50\) is below the 100 steps"):
+        Grid(task="a5", steps=100, until_solved=True, max_steps=50).runs("cpu")
+
+
 @pytest.mark.parametrize("record, expected", [
     ({"budget_limited": True}, True),  # a record that says so
     ({"curve": [0.5, 0.6, 0.7]}, True),  # at the cap, a new best at the last check

@@ -36,6 +36,9 @@ from pathbench.runners.training.config import DEVICES
 @click.option("--max-seeds", type=int, default=None,
               help="With --until-solved: a depth whose seeds disagree on val (some solve, some "
                    "not) gets more seeds, up to this many, before the search goes on.")
+@click.option("--max-steps", type=int, default=None,
+              help="With --until-solved: a depth not solved while some runs were still "
+                   "improving at their step cap trains again with twice the steps, up to this.")
 @shared_options
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Runs (or packs) trained at once: local processes, or concurrent Slurm jobs.")
@@ -53,7 +56,7 @@ from pathbench.runners.training.config import DEVICES
                    "--executor slurm the jobs they go in; run none.")
 @click.pass_context
 def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solved, max_seeds,
-          d_model,
+          max_steps, d_model,
           steps, batch_size, device, preset, out, sets, workers, pack, executor, slurm_options,
           sweep_file, dry_run):
     """Run a grid of runs over TASK, or the sweeps a --file defines.
@@ -69,7 +72,8 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
     grid_values = dict(models=models, layers=layers, heads=heads, lrs=lrs, d_model=d_model,
                        steps=steps, batch_size=batch_size, preset=preset,
                        grid=parse_grid_options(grid_options) or None,
-                       until_solved=until_solved, max_seeds=max_seeds, seeds=seeds, pack=pack)
+                       until_solved=until_solved, max_seeds=max_seeds, max_steps=max_steps,
+                       seeds=seeds, pack=pack)
     if sweep_file is not None:
         if task is not None:
             raise UserError("give either TASK or --file, not both")

@@ -49,12 +49,15 @@ class Grid:
     until_solved: bool = False
     # until_solved: a depth whose seeds disagree on val gets seeds added, up to this many
     max_seeds: int | None = None
+    # until_solved: a depth cut short by its budget trains again with twice the steps, to this
+    max_steps: int | None = None
     pack: int = 1  # runs trained as one model (those differing only in seed and lr)
 
     def runs(self, device: str) -> list[Run]:
         """Every grid point, resolved; duplicates (same run id) appear once."""
-        if self.max_seeds is not None and not self.until_solved:
-            raise UserError("max_seeds adds seeds to a depth search; it needs until_solved")
+        for key in ("max_seeds", "max_steps"):
+            if getattr(self, key) is not None and not self.until_solved:
+                raise UserError(f"{key} extends a depth search; it needs until_solved")
         if self.max_seeds is not None and self.max_seeds < len(self.seeds):
             raise UserError(f"max_seeds ({self.max_seeds}) is below the {len(self.seeds)} seeds "
                             f"every depth runs")
@@ -86,6 +89,9 @@ class Grid:
                          "batch_size": self.batch_size},
                 sets=sets, seed=seed, device=device, preset=self.preset,
             )
+            if self.max_steps is not None and self.max_steps < run.train.steps:
+                raise UserError(f"max_steps ({self.max_steps}) is below the {run.train.steps} "
+                                f"steps every run trains")
             runs.setdefault(run.run_id, run)
         return list(runs.values())
 
@@ -192,7 +198,7 @@ def _grid_from_table(table: dict, where: str) -> Grid:
                   grid={key: [str(v) for v in (values if isinstance(values, list) else [values])]
                         for key, values in grid_table.items()},
                   until_solved=table.get("until_solved"), max_seeds=table.get("max_seeds"),
-                  pack=table.get("pack"))
+                  max_steps=table.get("max_steps"), pack=table.get("pack"))
 
 
 def apply_values(target: Grid, prefix: str, **values) -> Grid:
@@ -210,7 +216,7 @@ def apply_values(target: Grid, prefix: str, **values) -> Grid:
             continue
         if key in parsers:
             value = parsers[key](value)
-        elif key in ("d_model", "steps", "batch_size", "pack", "max_seeds") and (
+        elif key in ("d_model", "steps", "batch_size", "pack", "max_seeds", "max_steps") and (
                 isinstance(value, bool) or not isinstance(value, int)):
             raise UserError(f"{prefix}{key} must be an integer, got {value!r}")
         elif key == "pack" and value < 1:

@@ -6,7 +6,10 @@ model's deeper layer counts once it has solved the task (two thirds of the seeds
 learning rate val picked reach the task's solved threshold on val), which is what a
 min-layers-to-solve table needs and no more. With ``--max-seeds N``, a depth whose seeds
 disagree on val (some solve, some do not) first gets more seeds, up to N in all, and is judged
-again on all of them: a split of three seeds is the case a solve rate resolves least.
+again on all of them: a split of three seeds is the case a solve rate resolves least. With
+``--max-steps S``, a depth that val does not call solved while some of its runs were still
+improving at their step cap (budget-limited) trains again with twice the steps, up to S, and is
+judged on the longer runs; deeper layer counts start again from the grid's budget.
 """
 
 from __future__ import annotations
@@ -107,6 +110,14 @@ class Schedule:
                     if self._hand_out(chain, more):
                         return
                     continue
+                longer = (longer_runs(chain.last, chain.grid.max_steps)
+                          if verdict == "budget-limited" and chain.grid.max_steps else [])
+                if longer:
+                    chain.last = longer
+                    self.add([run for run in longer if not self._done(run)])
+                    if self._hand_out(chain, longer):
+                        return
+                    continue
             if not chain.steps:
                 return
             chain.last = step = chain.steps.pop(0)
@@ -132,8 +143,12 @@ class Schedule:
 
     def _verdict(self, step: list[Run]) -> str:
         """What val says of a depth's runs: "solved" (two thirds of the seeds at the picked
-        learning rate), "split" (some of those seeds solve, not enough), or "not solved"."""
-        from pathbench.runners.analysis.cells import aggregate  # pandas: only when asked
+        learning rate), "split" (some of those seeds solve, not enough), "budget-limited" (not
+        solved, with some of those runs still improving at their step cap), or "not
+        solved"."""
+        import pandas as pd  # only when asked
+
+        from pathbench.runners.analysis.cells import aggregate
         from pathbench.runners.analysis.records import load_frame
 
         recorded = {run.run_id for run in step if self._done(run)}
@@ -146,7 +161,20 @@ class Schedule:
         row = rows.iloc[0]
         if row["val_solved"]:
             return "solved"
-        return "split" if 0 < row["val_solved_seeds"] < row["seeds"] else "not solved"
+        if 0 < row["val_solved_seeds"] < row["seeds"]:
+            return "split"
+        cut_short = pd.notna(row["budget_limited"]) and row["budget_limited"] > 0
+        return "budget-limited" if cut_short else "not solved"
+
+
+def longer_runs(step: list[Run], max_steps: int) -> list[Run]:
+    """A depth's runs again with twice their steps, at most ``max_steps``; none if they have
+    that many."""
+    steps = min(2 * step[0].train.steps, max_steps)
+    if steps <= step[0].train.steps:
+        return []
+    return [dataclasses.replace(run, train=dataclasses.replace(run.train, steps=steps))
+            for run in step]
 
 
 def more_seeds(step: list[Run], max_seeds: int) -> list[Run]:

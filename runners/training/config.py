@@ -53,7 +53,8 @@ SCHEDULES = ("cosine", "constant", "wsd")  # the learning rate after the warm-up
 # for --until-solved) is made on this split; the test splits only report. Records say so.
 DECISION_SPLIT = "val"
 DECISIONS = {"early_stop": DECISION_SPLIT, "learning_rate": DECISION_SPLIT,
-             "until_solved": DECISION_SPLIT, "max_seeds": DECISION_SPLIT}
+             "until_solved": DECISION_SPLIT, "max_seeds": DECISION_SPLIT,
+             "max_steps": DECISION_SPLIT}
 
 
 @dataclass
