@@ -147,13 +147,24 @@ class RWKV7Mixer(RecurrentMixer):
         scale = self.head_dim**-0.5
         args = (r, w, write, v.to(dtype), -kappa, write)
         if self.implementation(q) == "fla":
-            from fla.ops.rwkv7 import chunk_rwkv7
-
-            output, _ = chunk_rwkv7(*(t.to(torch.bfloat16) for t in args), scale=scale)
-            return output.to(v.dtype)
+            return _fla_rwkv7(*args, scale=scale).to(v.dtype)
         return rwkv7_recurrence(*args, scale=scale).to(v.dtype)
 
 
+# fla-core's operators run outside compiled graphs, on contiguous bfloat16 copies: inside a
+# compiled graph their kernels met buffers they could not address (a misaligned-address fault).
+
+
+@torch.compiler.disable
+def _fla_rwkv7(r, w, k, v, a, b, scale):
+    from fla.ops.rwkv7 import chunk_rwkv7
+
+    output, _ = chunk_rwkv7(*(t.to(torch.bfloat16).contiguous() for t in (r, w, k, v, a, b)),
+                            scale=scale)
+    return output
+
+
+@torch.compiler.disable
 def _fla_delta_rule(q, k, v, beta, log_gate):
     """fla-core's chunked operator for these inputs (``delta_rule_recurrence``'s layout), in
     bfloat16."""
@@ -163,11 +174,17 @@ def _fla_delta_rule(q, k, v, beta, log_gate):
 
     steps = k.shape[2]
     q, k, v, beta = (t.to(torch.bfloat16) for t in (q, k, v, beta))
+    if log_gate is not None:
+        log_gate = log_gate.contiguous()
+    q = q.contiguous()
     if steps > 1:  # token t's steps at rows t * steps + j
-        output, _ = chunk_gated_delta_product(q, k.flatten(1, 2), v.flatten(1, 2), log_gate,
-                                              beta.flatten(1, 2), num_householder=steps)
+        output, _ = chunk_gated_delta_product(
+            q, k.flatten(1, 2).contiguous(), v.flatten(1, 2).contiguous(), log_gate,
+            beta.flatten(1, 2).contiguous(), num_householder=steps)
     elif log_gate is not None:
-        output, _ = chunk_gated_delta_rule(q, k[:, :, 0], v[:, :, 0], log_gate, beta[:, :, 0])
+        output, _ = chunk_gated_delta_rule(q, k[:, :, 0].contiguous(), v[:, :, 0].contiguous(),
+                                           log_gate, beta[:, :, 0].contiguous())
     else:
-        output, _ = chunk_delta_rule(q, k[:, :, 0], v[:, :, 0], beta[:, :, 0])
+        output, _ = chunk_delta_rule(q, k[:, :, 0].contiguous(), v[:, :, 0].contiguous(),
+                                     beta[:, :, 0].contiguous())
     return output

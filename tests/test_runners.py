@@ -808,7 +808,8 @@ def test_runs_end_when_val_stops_improving_and_say_whether_the_budget_cut_them(
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(),
                     reason="compiled steps and CUDA graphs need a CUDA GPU (run on the GPU machine)")
-@pytest.mark.parametrize("attention", ["nope", "rope", "sba", "fox", "path", "path_fox"])
+@pytest.mark.parametrize("attention", ["nope", "rope", "sba", "fox", "path", "path_fox",
+                                       "deltanet", "rwkv7"])
 def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attention):
     import torch
 
