@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pathbench import UserError
+from pathbench.kernels import compute_dtype
 from pathbench.kernels.delta_rule import delta_rule_recurrence, rwkv7_recurrence
 from pathbench.models.attention import ATTENTIONS, Attention
 
@@ -98,7 +99,7 @@ class DeltaRuleMixer(RecurrentMixer):
             more = self.more_kv(x).unflatten(-1, (2, self.steps - 1, self.heads, self.head_dim))
             k = torch.cat([k, more[:, :, 0]], dim=2)
             v = torch.cat([v, more[:, :, 1]], dim=2)
-        dtype = torch.promote_types(q.dtype, torch.float32)
+        dtype = compute_dtype(q.dtype)
         q, k = F.normalize(q.to(dtype), dim=-1), F.normalize(k.to(dtype), dim=-1)
         beta = 2 * torch.sigmoid(self.beta_proj(x).to(dtype)).unflatten(-1, (self.steps,
                                                                              self.heads))
@@ -138,7 +139,7 @@ class RWKV7Mixer(RecurrentMixer):
         self.rate_proj = nn.Linear(config.d_model, config.d_model)
 
     def attend(self, q, k, v, x):
-        dtype = torch.promote_types(q.dtype, torch.float32)
+        dtype = compute_dtype(q.dtype)
         shape = (self.heads, self.head_dim)
         w = -RWKV7_DECAY_SCALE * torch.sigmoid(self.decay_proj(x).to(dtype)).unflatten(-1, shape)
         rate = torch.sigmoid(self.rate_proj(x).to(dtype)).unflatten(-1, shape)

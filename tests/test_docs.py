@@ -35,3 +35,22 @@ def test_the_main_jobs_example_is_what_it_prints_for_a_model_without_error():
         metrics[split] = task.metrics_from(tally, split)
     assert DECISION_SPLIT not in metrics
     assert "\n".join(table) == summary_table({"metrics": metrics})
+
+
+def test_the_cpu_presets_table_is_what_its_records_give():
+    """results/cpu_presets/tables.md is `pathbench results` of its archive, and every
+    "mean ± sd" that docs/usage.md's CPU table and the folder's README quote is in it."""
+    import subprocess
+    import sys
+
+    folder = ROOT / "results" / "cpu_presets"
+    printed = subprocess.run(
+        [sys.executable, "-m", "pathbench.runners.cli", "results", "runs.tar.xz", "--format",
+         "markdown"], cwd=folder, capture_output=True, text=True, check=True).stdout
+    tables = (folder / "tables.md").read_text()
+    assert printed == tables
+    quoted = re.findall(r"\d\.\d+ ± \d\.\d+(?:e-\d+)?", (ROOT / "docs" / "usage.md").read_text()
+                        + (folder / "README.md").read_text())
+    assert len(quoted) >= 12
+    for value in quoted:
+        assert value in tables, value
