@@ -105,7 +105,7 @@ class DeltaRuleMixer(RecurrentMixer):
                                                                              self.heads))
         log_gate = F.logsigmoid(self.gate_proj(x).to(dtype)) if self.gated else None
         if self.implementation(q) == "fla":
-            return _fla_delta_rule(q, k, v, beta, log_gate).to(v.dtype)
+            return outside_compile(_fla_delta_rule)(q, k, v, beta, log_gate).to(v.dtype)
         return delta_rule_recurrence(q, k, v, beta, log_gate).to(v.dtype)
 
 
@@ -148,7 +148,7 @@ class RWKV7Mixer(RecurrentMixer):
         scale = self.head_dim**-0.5
         args = (r, w, write, v.to(dtype), -kappa, write)
         if self.implementation(q) == "fla":
-            return _fla_rwkv7(*args, scale=scale).to(v.dtype)
+            return outside_compile(_fla_rwkv7)(*args, scale=scale).to(v.dtype)
         return rwkv7_recurrence(*args, scale=scale).to(v.dtype)
 
 
@@ -156,7 +156,13 @@ class RWKV7Mixer(RecurrentMixer):
 # compiled graph their kernels met buffers they could not address (a misaligned-address fault).
 
 
-@torch.compiler.disable
+def outside_compile(fn):
+    """``fn``, run eagerly even inside a compiled function. Wrapped when called, not when this
+    module is imported: torch.compiler imports Triton, which must not happen before a CPU test
+    session has chosen Triton's interpreter."""
+    return torch.compiler.disable(fn)
+
+
 def _fla_rwkv7(r, w, k, v, a, b, scale):
     from fla.ops.rwkv7 import chunk_rwkv7
 
@@ -165,7 +171,6 @@ def _fla_rwkv7(r, w, k, v, a, b, scale):
     return output
 
 
-@torch.compiler.disable
 def _fla_delta_rule(q, k, v, beta, log_gate):
     """fla-core's chunked operator for these inputs (``delta_rule_recurrence``'s layout), in
     bfloat16."""

@@ -24,6 +24,14 @@ import pytest
 
 PLUGIN_SOURCE = Path(__file__).parent / "plugin"
 
+# Without a GPU, Triton kernels run in Triton's interpreter, which must be chosen before Triton
+# is first imported; importing torch.compiler (any test module may) imports it.
+if importlib.util.find_spec("torch") is not None:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 
 def cli(capsys, *args) -> tuple[int, str, str]:
     """Run ``pathbench ARGS`` in this process: (exit status, stdout, stderr)."""
