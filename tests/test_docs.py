@@ -37,18 +37,33 @@ def test_the_main_jobs_example_is_what_it_prints_for_a_model_without_error():
     assert "\n".join(table) == summary_table({"metrics": metrics})
 
 
-def test_the_cpu_presets_table_is_what_its_records_give():
-    """results/cpu_presets/tables.md is `pathbench results` of its archive, and every
-    "mean ± sd" that docs/usage.md's CPU table and the folder's README quote is in it."""
+def results_table(folder: Path, *options: str) -> str:
+    """What `pathbench results runs.tar.xz OPTIONS --format markdown` prints in ``folder``,
+    after checking that the folder's tables.md is exactly that."""
     import subprocess
     import sys
 
-    folder = ROOT / "results" / "cpu_presets"
     printed = subprocess.run(
-        [sys.executable, "-m", "pathbench.runners.cli", "results", "runs.tar.xz", "--format",
-         "markdown"], cwd=folder, capture_output=True, text=True, check=True).stdout
-    tables = (folder / "tables.md").read_text()
-    assert printed == tables
+        [sys.executable, "-m", "pathbench.runners.cli", "results", "runs.tar.xz", *options,
+         "--format", "markdown"], cwd=folder, capture_output=True, text=True, check=True).stdout
+    assert printed == (folder / "tables.md").read_text()
+    return printed
+
+
+def test_the_constructions_table_is_what_its_record_gives():
+    tables = results_table(ROOT / "results" / "constructions", "--metric", "error")
+    readme = (ROOT / "results" / "constructions" / "README.md").read_text()
+    row = next(line for line in tables.splitlines() if line.startswith("| path_construction"))
+    assert row.split(" | ")[-5:] == [
+        line for line in readme.splitlines() if line.startswith("| path_construction")
+    ][0].split(" | ")[-5:]
+
+
+def test_the_cpu_presets_table_is_what_its_records_give():
+    """results/cpu_presets/tables.md is `pathbench results` of its archive, and every
+    "mean ± sd" that docs/usage.md's CPU table and the folder's README quote is in it."""
+    folder = ROOT / "results" / "cpu_presets"
+    tables = results_table(folder)
     quoted = re.findall(r"\d\.\d+ ± \d\.\d+(?:e-\d+)?", (ROOT / "docs" / "usage.md").read_text()
                         + (folder / "README.md").read_text())
     assert len(quoted) >= 12
