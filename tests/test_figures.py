@@ -101,7 +101,11 @@ def test_word_problems_get_depth_against_length_and_accuracy_at_the_longest(word
     assert "| path | 1 (1) | 2 (2) |" in tables  # minimum layers at length 8 and 16
     assert "| rope | 2 (2) | >3 (>3) |" in tables
     # at length 16, rope's 2-layer cell did not run: its row has no value there
-    assert "| rope | 0.290 ± 0.01 |  | 0.290 ± 0.01 |" in tables
+    assert ("| rope | 0.290 ± 0.01; 0/3 solved [0.00, 0.56] |  | "
+            "0.290 ± 0.01; 0/3 solved [0.00, 0.56] |") in tables
+    # beside each mean, the seeds that solved and the 95% Wilson interval of that rate
+    assert "| path | 0.290 ± 0.01; 0/3 solved [0.00, 0.56] | 0.940 ± 0.01; 3/3 solved " \
+           "[0.44, 1.00] |" in tables
     assert "| baseline: chance | 0.017 | 0.017 | 0.017 |" in tables
 
     depth, lines = shown(render(load_frame(word_problem_runs))[0]).values()
