@@ -8,6 +8,7 @@ collisions, so an installed package can never silently replace a built-in.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable
@@ -15,6 +16,10 @@ from typing import Any, Callable
 from pathbench import UserError
 
 BUILTIN = "built-in"
+
+
+class NameCollision(UserWarning):
+    """A plugin registers a name that a built-in or an earlier plugin already has."""
 
 
 @dataclass
@@ -54,9 +59,15 @@ class Registry:
         if self._plugins is None:
             self._plugins = {}
             for ep in entry_points(group=self.group):
-                if ep.name in self._builtins or ep.name in self._plugins:
-                    continue  # built-ins (and the first plugin seen) win name collisions
                 origin = ep.dist.name if ep.dist is not None else ep.value
+                taken = self._builtins.get(ep.name) or self._plugins.get(ep.name)
+                if taken is not None:  # built-ins (and the first plugin seen) win collisions
+                    owner = ("pathbench (built-in)" if taken.origin == BUILTIN
+                             else f"plugin package {taken.origin!r}")
+                    warnings.warn(f"plugin package {origin!r} registers {self.kind} "
+                                  f"{ep.name!r}, which {owner} already registers; the name "
+                                  f"stays {owner}'s", NameCollision, stacklevel=2)
+                    continue
                 self._plugins[ep.name] = Entry(ep.name, origin, ep.load)
         return self._plugins
 

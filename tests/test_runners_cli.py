@@ -122,6 +122,10 @@ def test_a_crash_is_recorded_as_failed(tmp_path, capsys, monkeypatch):
     (["sweep", "flipflop", "--grid", "task.length=16,32", "--set", "task.length=16"],
      "task.length is both swept (--grid) and set (--set); give one"),
     (["run", "flipflop", "--out", ""], "must name a folder, got an empty string"),
+    (["run", "flipflop", "--seed", str(2**64)], "seed must be an integer from 0 to 2^64 - 1"),
+    (["sweep", "flipflop", "--seeds", f"0,{2**64}", "--dry-run"],
+     "seed must be an integer from 0 to 2^64 - 1"),
+    (["data", "flipflop", "--seed", str(2**64)], "is not in the range 0<=x<=18446744073709551615"),
     (["sweep", "flipflop", "--seeds", "0-10000000", "--dry-run"],
      "--seeds 0-10000000 holds more than 100,000 values"),
     (["sweep", "flipflop", "--models", "rope,path", "--layers", "1-200", "--heads", "1-100",
@@ -452,3 +456,36 @@ def test_bounds_and_conflicts_are_one_line_errors(tmp_path, capsys):
     ]:
         code, _, stderr = cli(capsys, *args)
         assert code == 2 and message in stderr and stderr.count("\n") == 1, stderr
+
+
+def test_a_sweep_whose_runs_all_failed_exits_1(tmp_path, capsys, monkeypatch):
+    from pathbench.runners.training import loop
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("no luck")
+
+    monkeypatch.setattr(loop, "train", crash)
+    code, stdout, stderr = cli(capsys, "sweep", "flipflop", "--models", "rope", "--seeds",
+                               "0-1", *TINY, "--out", tmp_path)
+    assert code == 1 and sweep_counts(stdout) == {"failed": 2}
+    assert "every run of the sweep failed (2)" in stderr
+
+
+def test_a_plugin_name_that_shadows_another_is_a_one_line_warning(capsys, monkeypatch):
+    from importlib.metadata import entry_points
+    from types import SimpleNamespace
+
+    from pathbench import registry
+    from pathbench.models import ATTENTIONS
+
+    shadow = SimpleNamespace(name="rope", value="shadow_pkg:RoPE", load=lambda: None,
+                             dist=SimpleNamespace(name="shadow-pkg"))
+    monkeypatch.setattr(registry, "entry_points",
+                        lambda group: [*entry_points(group=group), shadow])
+    monkeypatch.setattr(ATTENTIONS, "_plugins", None)
+    code, stdout, stderr = cli(capsys, "ls", "--models")
+    assert code == 0
+    assert stderr == ("pathbench: warning: plugin package 'shadow-pkg' registers attention "
+                      "'rope', which pathbench (built-in) already registers; the name stays "
+                      "pathbench (built-in)'s\n")
+    assert ATTENTIONS.entries()["rope"].origin == "built-in"

@@ -17,6 +17,9 @@ def test_ls_lists_every_built_in_with_version_description_and_defaults(pathbench
     assert "  mqrar  (built-in, version 2)" in result.stdout
     assert "defaults: length=512" in result.stdout
     assert "n_back=2" in result.stdout and "num_keys=32" in result.stdout
+    # each task's presets, in the --set syntax
+    assert "cpu preset: task.length=3 train.steps=3000 train.batch_size=256" in result.stdout
+    assert "train.eval_sizes=sparse:8192" in result.stdout
 
 
 def test_npz_round_trip(pathbench_cli, tmp_path):

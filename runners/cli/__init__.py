@@ -9,10 +9,12 @@ pathbench.UserError) is printed as one line on stderr with exit status 2, never 
 from __future__ import annotations
 
 import sys
+import warnings
 
 import click
 
 from pathbench import UserError, __version__
+from pathbench.registry import NameCollision
 
 
 class LazyGroup(click.Group):
@@ -84,7 +86,18 @@ def cli():
     """pathbench: which attention can track state?"""
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, NameCollision):
+        click.echo(f"pathbench: warning: {message}", err=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> None:
+    warnings.showwarning = _one_line_warning
     try:
         cli.main(args=argv, prog_name="pathbench", standalone_mode=False)
     except (UserError, click.UsageError, click.BadParameter) as exc:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from pathbench import UserError
-from pathbench.runners.training.config import parse_sets
+from pathbench.runners.training.config import MAX_SEED, parse_sets
 from pathbench.tasks import TASKS, default_config, make_task
 from pathbench.tasks.export import SUFFIXES, format_examples, save_dataset
 
@@ -79,8 +79,19 @@ def task_listing() -> list[str]:
             f"  {name}  ({entry.origin}, version {version})",
             f"      {description}",
             f"      defaults: {config}",
+            *(f"      {preset} preset: " + " ".join(
+                f"{section}.{key}={_as_set(value)}" for section, values in settings.items()
+                for key, value in values.items())
+              for preset, settings in task_class.presets.items()),
         ]
     return lines
+
+
+def _as_set(value) -> str:
+    """A setting's value as --set writes it: {"sparse": 8192} -> sparse:8192."""
+    if isinstance(value, dict):
+        return ",".join(f"{key}:{item}" for key, item in value.items())
+    return str(value)
 
 
 @click.command()
@@ -88,7 +99,7 @@ def task_listing() -> list[str]:
 @click.option("--split", default="train", show_default=True, help="Which split to draw.")
 @click.option("--num", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Number of sequences.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(min=0, max=MAX_SEED), default=0, show_default=True,
               help="Random seed (each split has its own stream for every seed).")
 @click.option("--set", "settings", multiple=True, metavar="task.KEY=VALUE",
               help="Override a task setting (repeatable).")

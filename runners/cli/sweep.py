@@ -62,8 +62,8 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
     """Run a grid of runs over TASK, or the sweeps a --file defines.
 
     A run whose result.json exists is skipped, so running the same command again resumes an
-    interrupted sweep. Exit status 1 if runs were lost: a worker died, or a Slurm job ended,
-    before finishing them.
+    interrupted sweep. Exit status 1 if runs were lost (a worker died, or a Slurm job ended,
+    before finishing them) or every run trained failed.
     """
 
     def given(name):
@@ -110,4 +110,9 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
     if counts[GPU_LOST]:
         click.echo("the sweep stopped: a failed run left this process unable to use the GPU; "
                    "run the same command again to go on", err=True)
+        sys.exit(1)
+    trained = sum(counts[outcome] for outcome in ("ok", "diverged", "failed"))
+    if trained and counts["failed"] == trained:
+        click.echo(f"every run of the sweep failed ({counts['failed']}); their records say why "
+                   f"(pathbench results --runs)", err=True)
         sys.exit(1)

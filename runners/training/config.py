@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from pathbench.tasks import Task
 
 SECTIONS = ("task", "model", "train")
+MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed takes
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULES = ("cosine", "constant", "wsd")  # the learning rate after the warm-up
 # Every decision (early stopping, the learning rate a table picks, whether a model solved a task
@@ -299,8 +300,9 @@ def resolve_run(
     if unknown:
         raise UserError(f"train.eval_sizes names split {unknown[0]!r}, which task {task.name!r} "
                         f"does not evaluate; valid splits: {', '.join(task.splits[1:])}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise UserError(f"seed must be a non-negative integer, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise UserError(f"seed must be an integer from 0 to 2^64 - 1 (what torch's random "
+                        f"streams take), got {seed!r}")
     return Run(task, model, train, seed, preset, device)
 
 
