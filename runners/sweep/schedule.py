@@ -91,8 +91,8 @@ class Schedule:
                 self._advance(chain)
 
     def _advance(self, chain: _Chain) -> None:
-        """Hand out the chain's next step that has runs to do (more seeds for the last one,
-        where they disagree), or drop the rest if solved."""
+        """Hand out the chain's next step that has runs to do (first, more seeds or steps for
+        the last one where the search extends it), or drop the rest if solved."""
         while chain.steps or chain.last is not None:
             if chain.last is not None and chain.grid.until_solved:
                 verdict = self._verdict(chain.last)
@@ -102,20 +102,11 @@ class Schedule:
                                and not self._done(run)])
                     chain.steps = []
                     return
-                more = (more_seeds(chain.last, chain.grid.max_seeds)
-                        if verdict == "split" and chain.grid.max_seeds else [])
-                if more:
-                    chain.last = chain.last + more
-                    self.add([run for run in more if not self._done(run)])
-                    if self._hand_out(chain, more):
-                        return
-                    continue
-                longer = (longer_runs(chain.last, chain.grid.max_steps)
-                          if verdict == "budget-limited" and chain.grid.max_steps else [])
-                if longer:
-                    chain.last = longer
-                    self.add([run for run in longer if not self._done(run)])
-                    if self._hand_out(chain, longer):
+                new, judged = extension(chain.last, verdict, chain.grid)
+                if new:
+                    chain.last = judged
+                    self.add([run for run in new if not self._done(run)])
+                    if self._hand_out(chain, new):
                         return
                     continue
             if not chain.steps:
@@ -165,6 +156,19 @@ class Schedule:
             return "split"
         cut_short = pd.notna(row["budget_limited"]) and row["budget_limited"] > 0
         return "budget-limited" if cut_short else "not solved"
+
+
+def extension(step: list[Run], verdict: str, grid: Grid) -> tuple[list[Run], list[Run]]:
+    """The runs a depth search adds to a depth before it goes on, and the runs it then judges
+    the depth on: more seeds where they disagree (max_seeds), the runs again with more steps
+    where the budget cut them short (max_steps); none, and the step as it is, otherwise."""
+    if verdict == "split" and grid.max_seeds:
+        more = more_seeds(step, grid.max_seeds)
+        return more, step + more
+    if verdict == "budget-limited" and grid.max_steps:
+        longer = longer_runs(step, grid.max_steps)
+        return longer, longer
+    return [], step
 
 
 def longer_runs(step: list[Run], max_steps: int) -> list[Run]:
