@@ -489,3 +489,40 @@ def test_a_plugin_name_that_shadows_another_is_a_one_line_warning(capsys, monkey
                       "'rope', which pathbench (built-in) already registers; the name stays "
                       "pathbench (built-in)'s\n")
     assert ATTENTIONS.entries()["rope"].origin == "built-in"
+
+
+def test_results_warns_of_odd_records_and_says_why_runs_failed(tmp_path, capsys):
+    """A record of an unknown status is skipped; a NaN or missing test metric is named and
+    left out; a failed run's reason is printed; a run without result.json is unfinished."""
+    from pathbench.runners.training.config import resolve_run
+
+    def write(seed, status="ok", test=0.9, reason=None, result=True):
+        run = resolve_run("a5", options={"model": "path"}, seed=seed, device="cpu")
+        (tmp_path / run.run_id).mkdir()
+        store.write_json_atomic(tmp_path / run.run_id / "config.json", run.config)
+        metrics = {} if test is None else {"test": {"accuracy": test, "scored": 10}}
+        if result:
+            store.write_json_atomic(tmp_path / run.run_id / "result.json", {
+                "run_id": run.run_id, "status": status, "reason": reason, "steps": 1,
+                "primary_metric": "accuracy", "solved_threshold": 0.9,
+                "validation": {"accuracy": 0.9}, "metrics": metrics,
+                "config": run.config, "provenance": {"wall_time_s": 0.1}})
+        return run.run_id
+
+    write(0)
+    nan = write(1, test=float("nan"))
+    odd = write(2, status="finished")
+    failed = write(3, status="failed", test=None, reason="RuntimeError: out of memory")
+    unfinished = write(4, result=False)
+    code, stdout, stderr = cli(capsys, "results", tmp_path)
+    assert code == 0
+    lines = stderr.splitlines()
+    assert any(f"skipped {tmp_path / odd}/result.json" in line and
+               "status 'finished' is not one of ok, diverged, failed" in line for line in lines)
+    assert f"pathbench: warning: {tmp_path / nan}: test:accuracy is missing or NaN; left out " \
+           f"of means and figures" in lines
+    assert any("1 runs under" in line and unfinished in line and "have not finished" in line
+               for line in lines)
+    assert all(line.startswith("pathbench: warning: ") for line in lines)
+    assert f"- {failed}: failed: RuntimeError: out of memory" in stdout
+    assert "0.9 ± nan" not in stdout and "3/3" not in stdout  # the NaN is not a value

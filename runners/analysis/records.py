@@ -27,6 +27,7 @@ def record_row(record: dict) -> dict:
         "layers": model["layers"],
         "heads": model["heads"], "d_model": model["d_model"], "lr": train["lr"],
         "seed": config["seed"], "status": record["status"], "steps": record["steps"],
+        "reason": record.get("reason"),  # why a run failed or diverged
         "wall_time_s": record["provenance"].get("wall_time_s"),
         "budget_limited": budget_limited(record),
         "primary_metric": record.get("primary_metric") or "accuracy",
@@ -122,15 +123,40 @@ def apply_filters(frame: pd.DataFrame, *, task=None, model=None, layers=None, he
 
 
 def load_filtered(directory: Path, filters: dict, warn) -> pd.DataFrame:
-    """The records under ``directory`` that pass the filters (`apply_filters`'s); a damaged or
-    incomplete record is skipped after ``warn(message)``, a message naming it."""
-    frame = load_frame(directory, skip=warn)
+    """The records under ``directory`` that pass the filters (`apply_filters`'s), after
+    ``warn(message)`` for each record skipped as damaged or incomplete, each finished run whose
+    primary metric is missing or NaN on a split (left out of means and figures), and the runs
+    that have started but not finished (a run directory without result.json)."""
+    frame = load_frame(directory, skip=lambda message: warn(f"skipped {message}"))
+    unfinished = store.unfinished_runs(directory) if Path(directory).is_dir() else []
+    if unfinished:
+        names = ", ".join(path.name for path in unfinished[:3])
+        more = f" and {len(unfinished) - 3} more" if len(unfinished) > 3 else ""
+        warn(f"{len(unfinished)} runs under {directory} have not finished (no result.json): "
+             f"{names}{more}")
     if frame.empty:
         raise UserError(f"no run records (result.json) under {directory}")
     frame = apply_filters(frame, **filters)
     if frame.empty:
         raise UserError(f"no runs under {directory} match the filters")
+    for message in missing_values(frame):
+        warn(message)
     return frame
+
+
+def missing_values(frame: pd.DataFrame) -> list[str]:
+    """One line per finished run ("ok") whose primary metric is missing or NaN on a split that
+    other runs of its task report: such a value is left out of every mean and figure."""
+    lines = []
+    for _, runs in frame.groupby("task", sort=True):
+        splits = list(dict.fromkeys(s for split_list in runs["splits"] for s in split_list))
+        for _, row in runs[runs["status"] == "ok"].iterrows():
+            for split in [DECISION_SPLIT, *splits]:
+                column = f"{split}:{row['primary_metric']}"
+                if pd.isna(row.get(column)):
+                    lines.append(f"{row.get('run_dir') or row.get('run_id')}: {column} is "
+                                 f"missing or NaN; left out of means and figures")
+    return lines
 
 
 def length_column(task: str) -> str | None:

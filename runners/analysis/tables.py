@@ -303,6 +303,12 @@ def results_text(frame: pd.DataFrame, table: pd.DataFrame, per_run: bool, fmt: s
         title = f"{name} ({', '.join(fixed)})" if fixed else name
         heading = f"### {title}\n" if fmt == "markdown" else f"{title}:"
         sections.append(f"{heading}\n{render(shown.drop(columns='task'), fmt)}")
+        not_ok = task_frame[task_frame["status"] != "ok"]
+        if len(not_ok):  # why, run by run: the tables count these runs but show no value
+            sections.append(f"{name}: runs that did not end ok\n" + "\n".join(
+                f"- {row['run_id']}: {row['status']}: "
+                f"{str(row.get('reason') or 'no reason recorded').splitlines()[0]}"
+                for _, row in not_ok.iterrows()))
         if not per_run and task_frame["solved_threshold"].notna().any() \
                 and task_frame["layers"].nunique() > 1:
             depth = both_readings(task_frame).drop(columns="task")

@@ -16,8 +16,8 @@ from pathbench.runners.training import store
 
 
 def warn(message: str) -> None:
-    """A record that cannot be read, skipped: one line on stderr."""
-    click.echo(f"pathbench: warning: skipped {message}", err=True)
+    """One line on stderr: a record skipped, a value left out, runs not finished."""
+    click.echo(f"pathbench: warning: {message}", err=True)
 
 
 @click.command()

@@ -51,6 +51,7 @@ CORRUPT_SUFFIX = ".corrupt"
 PARTIAL_SUFFIX = ".partial"  # a run's curve while it trains
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz")
 RECORD_KEYS = ("status", "metrics", "config", "provenance")
+STATUSES = ("ok", "diverged", "failed")  # the outcomes a record can have
 
 DEFAULT_OUT = Path("results/runs")
 
@@ -95,6 +96,9 @@ def check_result(result: dict, where) -> dict:
     missing = [key for key in RECORD_KEYS if key not in result]
     if missing:
         raise CorruptRecord(f"{where} is not a valid record (missing keys: {', '.join(missing)})")
+    if result["status"] not in STATUSES:
+        raise CorruptRecord(f"{where} is not a valid record (status {result['status']!r} is not "
+                            f"one of {', '.join(STATUSES)})")
     metrics = result["metrics"]
     if result["status"] == "ok" and not (isinstance(metrics, dict) and metrics and all(
             isinstance(split, dict) and split for split in metrics.values())):
@@ -143,6 +147,14 @@ def find_run_dirs(root: Path) -> list[Path]:
     if (root / RESULT_FILE).exists():
         return [root]
     return sorted(path.parent for path in root.rglob(RESULT_FILE))
+
+
+def unfinished_runs(root: Path) -> list[Path]:
+    """The run directories under ``root`` that a run has started (config.json written) and not
+    finished (no result.json): running, or interrupted and still to do."""
+    root = Path(root)
+    configs = [root / CONFIG_FILE] if (root / CONFIG_FILE).exists() else root.rglob(CONFIG_FILE)
+    return sorted(path.parent for path in configs if not (path.parent / RESULT_FILE).exists())
 
 
 def split_archive_path(path: Path) -> tuple[Path, PurePosixPath] | None:
