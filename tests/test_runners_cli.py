@@ -526,3 +526,21 @@ def test_results_warns_of_odd_records_and_says_why_runs_failed(tmp_path, capsys)
     assert all(line.startswith("pathbench: warning: ") for line in lines)
     assert f"- {failed}: failed: RuntimeError: out of memory" in stdout
     assert "0.9 ± nan" not in stdout and "3/3" not in stdout  # the NaN is not a value
+
+
+def test_data_that_break_the_contract_are_the_same_error_in_run_and_data(tmp_path, capsys,
+                                                                          monkeypatch):
+    import numpy as np
+
+    from pathbench.tasks.flipflop import FlipFlop
+
+    monkeypatch.setattr(FlipFlop, "sample", lambda self, rng, num, split: (
+        np.zeros((num, 4)), np.zeros((num, 4))))
+    errors = []
+    for args in (["data", "flipflop", "--num", "2", "--show", "1"],
+                 ["run", "flipflop", *TINY, "--out", tmp_path]):
+        code, _, stderr = cli(capsys, *args)
+        assert code == 2 and stderr.count("\n") == 1
+        errors.append(stderr)
+    assert errors[0] == errors[1] and "sample() returned arrays of float64" in errors[0]
+    assert not any(tmp_path.iterdir())

@@ -71,6 +71,8 @@ def run(task, model, layers, heads, lr, seed, force, d_model, steps, batch_size,
         raise UserError(f"{run_dir} already holds this run, finished; `pathbench results "
                         f"{run_dir}` shows it, and --force trains it again, replacing it")
     check_writable(out)
+    for split in resolved.task.splits:  # data that break the contract: `data`'s error, exit 2
+        resolved.task.generate(1, 0, split)
     model_cfg, train_cfg = resolved.model, resolved.train
     click.echo(
         f"{task}: {model_cfg.attention}, layers {model_cfg.layers}, heads {model_cfg.heads}, "
