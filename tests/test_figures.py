@@ -108,11 +108,19 @@ def test_word_problems_get_depth_against_length_and_accuracy_at_the_longest(word
            "[0.44, 1.00] |" in tables
     assert "| baseline: chance | 0.017 | 0.017 | 0.017 |" in tables
 
-    depth, lines = shown(render(load_frame(word_problem_runs))[0]).values()
-    # models are drawn a little apart vertically; rope solves no length-16 cell: no point
-    assert {model: [(x, y and round(y)) for x, y in points]
+    figure = render(load_frame(word_problem_runs))[0]
+    depth, lines = shown(figure).values()
+    # models are drawn a little apart along x, each on its integer layer count; rope solves no
+    # length-16 cell: no point on its line, an open triangle above its deepest, 3
+    assert {model: [(round(x), y) for x, y in points]
             for model, points in depth.items()} == {"path": [(8, 1), (16, 2)],
                                                     "rope": [(8, 2), (16, None)]}
+    assert depth["path"][0][0] != depth["rope"][0][0]
+    [triangle] = [collection.get_offsets().tolist() for collection in figure.axes[0].collections
+                  if len(collection.get_offsets())]
+    assert [(round(x), y) for x, y in triangle] == [(16, 3.5)]
+    legend = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert "open triangle at N + 1/2: not solved up to N layers" in legend
     assert lines["path"] == [(1, 0.29), (2, 0.94), (3, 0.94)]
     assert lines["rope"] == [(1, 0.29), (2, None), (3, 0.29)]  # broken where no run was
     assert {y for _, y in lines["chance"]} == {round(1 / 60, 6)}
@@ -248,7 +256,7 @@ def test_a_records_table_gives_the_same_tables_and_figures(word_problem_runs, tm
         tmp_path / "figure0" / "a5.md").read_text()
     assert "| path | 1 (1) | 2 (2) |" in outputs[1]
     drawn = [shown(render(load_frame(source))[0]) for source in (word_problem_runs, table)]
-    assert drawn[0] == drawn[1] and drawn[0]["a5 (500 steps)"]["path"] == [(8, 1.03), (16, 2.03)]
+    assert drawn[0] == drawn[1] and drawn[0]["a5 (500 steps)"]["path"] == [(8.2, 1), (16.2, 2)]
 
 
 COMMITTED = Path(__file__).parent / "data"

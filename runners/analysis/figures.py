@@ -288,9 +288,10 @@ def _cell_text(mean: float, sd: float, solves=None) -> str:
 
 def draw_depth_vs_length(ax, panel: dict) -> str:
     """The fewest layers that solve the task at each length, a line per model: solid where two
-    thirds of the seeds solve it, dashed where any seed does (the models a little apart
-    vertically, so that equal depths stay visible); a model that does not solve a length within
-    the depths run is marked above the deepest, open."""
+    thirds of the seeds solve it, dashed where any seed does. Models are drawn a little apart
+    along the length axis, so that equal depths stay visible and every marker stays on its
+    integer layer count. A model that solves a length at none of the depths it ran (">N") is an
+    open triangle half a layer above its own deepest, N."""
     runs = panel["runs"]
     minimum, any_seed = min_depth_by_length(runs).values()
     deepest = int(runs["layers"].max())
@@ -299,23 +300,27 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
     models = model_order(minimum["model"])
     several_heads = minimum["heads"].nunique() > 1
     rows = []
+    # models a little apart along x, a fraction of the gap between neighbouring lengths
+    step = min(np.diff(xs)) if len(xs) > 1 else 1
     for number, model in enumerate(models):
-        # models drawn a little apart, so that equal depths stay visible
-        apart = 0.06 * (number - (len(models) - 1) / 2)
+        shifted = [x + 0.05 * step * (number - (len(models) - 1) / 2) for x in xs]
         for heads, cells in minimum[minimum["model"] == model].groupby("heads"):
             found = cells.iloc[0][lengths].tolist()
             loose = any_seed.loc[cells.index[0], lengths].tolist()
             label = f"{model}, {heads} heads" if several_heads else model
             for values, style, name in ((found, "-", label), (loose, "--", f"_{label} any")):
-                ax.plot(xs, [float(v) + apart if str(v).isdigit() else np.nan for v in values],
+                ax.plot(shifted, [float(v) if str(v).isdigit() else np.nan for v in values],
                         marker="o", lw=1.8 if style == "-" else 1.0, ms=4, ls=style,
                         color=colour(model, models), label=name)
-            beyond = [x for x, v in zip(xs, found) if str(v).startswith(">")]
-            ax.scatter(beyond, [deepest + 0.5 + apart] * len(beyond), marker="^", s=24,
-                       facecolors="none", edgecolors=colour(model, models))
+            beyond = [(x, int(str(v)[1:].rstrip("?"))) for x, v in zip(shifted, found)
+                      if str(v).startswith(">")]
+            ax.scatter([x for x, _ in beyond], [depth + 0.5 for _, depth in beyond],
+                       marker="^", s=24, facecolors="none", edgecolors=colour(model, models))
             rows.append({"model": label, **{length: f"{r} ({a})" for length, r, a
                                             in zip(lengths, found, loose)}})
     ax.plot([], [], ls="--", lw=1.0, color="black", label="dashed: any seed solves")
+    ax.scatter([], [], marker="^", s=24, facecolors="none", edgecolors="black",
+               label="open triangle at N + 1/2: not solved up to N layers")
     ax.set_xlabel("length")
     ax.set_xticks(xs)
     ax.set_ylabel("minimum layers to solve")
