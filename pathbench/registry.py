@@ -79,6 +79,7 @@ class Registry:
         return list(self.entries())
 
     def get(self, name: str) -> Any:
+        self._discover_plugins()  # once: a plugin that reuses a built-in's name is named then
         if name in self._loaded:
             return self._loaded[name]
         entries = self.entries()
