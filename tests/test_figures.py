@@ -217,6 +217,13 @@ def test_longer_tests_get_metric_against_evaluation_length(tmp_path):
     longer = shown(figure)["a5 (500 steps), longer tests"]
     # a line per training length, at the fewest layers that solved it (1 at 4, 2 at 8)
     assert longer == {"path": [(4, 0.94), (8, 0.475)], "path #2": [(8, 0.94), (16, 0.485)]}
+    # each segment's training length is marked by a square, which the legend explains
+    ax = next(ax for ax in figure.axes if ax.get_title().endswith("longer tests"))
+    squares = sorted(tuple(line.get_xydata()[0]) for line in ax.get_lines()
+                     if line.get_marker() == "s" and len(line.get_xydata()))
+    assert squares == [(4, 0.94), (8, 0.94)]
+    legend = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert "square: the length a segment's runs trained at" in legend
 
 
 def test_flipflop_longer_tests_show_the_error(tmp_path):

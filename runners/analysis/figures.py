@@ -400,7 +400,8 @@ def draw_bars(ax, panel: dict) -> str:
 
 
 def draw_generalisation(ax, panel: dict) -> str:
-    """Each model's metric at its training length (test) and on every longer test split."""
+    """Each model's metric at its training length (test, a square) and on every longer test
+    split: a segment per model and training length."""
     runs = panel["runs"]
     has_error = any(c.endswith(":error") and runs[c].notna().any() for c in runs.columns)
     table = aggregate(runs, "error" if has_error else None)
@@ -419,14 +420,18 @@ def draw_generalisation(ax, panel: dict) -> str:
             points = [(int(length), "test")] + [
                 (int(split[5:]), split) for split in _longer_splits(_picked_runs(runs, row))]
             x = [n for n, _ in points]
-            ax.plot(x, [row.get(split, np.nan) for _, split in points], marker="o", lw=1.5,
-                    ms=4, color=colour(model, models), label=model)
+            y = [row.get(split, np.nan) for _, split in points]
+            ax.plot(x, y, marker="o", lw=1.5, ms=4, color=colour(model, models), label=model)
+            # each segment starts at its training length: a square there says which it is
+            ax.plot(x[:1], y[:1], marker="s", ms=6, ls="none", color=colour(model, models))
             xs.update(x)
             rows.append({"model": model, "heads": tidy(heads), "trained at": tidy(length),
                          "layers": tidy(row["layers"]), **{
                              f"length={n}": _mean_sd(row.get(split, np.nan),
                                                      row.get(f"{split}_std", np.nan))
                              for n, split in points}})
+    ax.plot([], [], marker="s", ms=6, ls="none", color="black",
+            label="square: the length a segment's runs trained at")
     if max(xs) / min(xs) > 4:
         ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(xs), [str(x) for x in sorted(xs)])
