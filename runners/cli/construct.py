@@ -8,12 +8,12 @@ from pathbench.files import check_writable
 from pathbench.runners.cli.options import _folder
 from pathbench.runners.cli.run import summary_table
 from pathbench.runners.training import store
-from pathbench.runners.training.config import PRESETS, parse_sets, resolve_device
+from pathbench.runners.training.config import DEVICES, PRESETS, parse_sets, resolve_device
 
 
 @click.command()
 @click.argument("task")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+@click.option("--device", type=click.Choice(DEVICES), default="auto",
               show_default=True, help="Where to evaluate.")
 @click.option("--preset", type=click.Choice(PRESETS), default="paper", show_default=True,
               help="Whose evaluation setting: the paper's, or the smaller cpu one.")

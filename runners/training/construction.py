@@ -18,9 +18,10 @@ from pathbench.runners.training import store
 from pathbench.runners.training.config import DECISION_SPLIT, DECISIONS, Run, resolve_run
 from pathbench.runners.training.execute import run_provenance
 from pathbench.runners.training.loop import (
-    EvaluationSplit,
     activation_dtype,
     evaluate,
+    evaluation_batch_tokens,
+    evaluation_splits,
     hash_and_baselines,
     to_jsonable,
 )
@@ -71,11 +72,10 @@ def score_construction(construction: Construction, run: Run, out: Path,
               "construction": construction.name}
     run_dir = Path(out) / record_id(construction, config)
     started, clock = datetime.now(timezone.utc), time.perf_counter()
-    task, train = run.task, run.train
-    splits = [EvaluationSplit(task, split, train.eval_sizes.get(split, train.eval_num))
-              for split in (DECISION_SPLIT, *task.test_splits)]
+    task = run.task
+    splits = evaluation_splits(task, run.train)
     data_hash, baselines = hash_and_baselines(task, splits)
-    batch_tokens = train.batch_size * splits[0].chunk(0).inputs.shape[1]
+    batch_tokens = evaluation_batch_tokens(run.train, splits[0])
     model.to(device)
     metrics = {data.split: evaluate(model, 1, task, data, batch_tokens, device, progress=progress)[0]
                for data in splits}

@@ -129,6 +129,18 @@ class EvaluationSplit:
         return iter(self.kept) if self.kept else map(self.chunk, range(len(self.sizes)))
 
 
+def evaluation_splits(task, config: TrainConfig) -> list[EvaluationSplit]:
+    """val, then every test split of ``task``, at the sizes ``config`` gives them."""
+    return [EvaluationSplit(task, split, config.eval_sizes.get(split, config.eval_num))
+            for split in (DECISION_SPLIT, *task.test_splits)]
+
+
+def evaluation_batch_tokens(config: TrainConfig, validation: EvaluationSplit) -> int:
+    """Tokens an evaluation forward reads: as many as a training batch (val is at the training
+    length)."""
+    return config.batch_size * validation.chunk(0).inputs.shape[1]
+
+
 def _add(tally: dict | None, more: dict) -> dict:
     return dict(more) if tally is None else {key: tally[key] + more[key] for key in tally}
 
@@ -350,12 +362,9 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
     metrics.
     """
     config, primary, count = train_config, task.primary_metric, len(members)
-    validation_set, *test_sets = (
-        EvaluationSplit(task, split, config.eval_sizes.get(split, config.eval_num))
-        for split in (DECISION_SPLIT, *task.test_splits))
+    validation_set, *test_sets = evaluation_splits(task, config)
     data_hash, baselines = hash_and_baselines(task, [validation_set, *test_sets])
-    # an evaluation forward reads as many tokens as a training batch (val is at training length)
-    batch_tokens = config.batch_size * validation_set.chunk(0).inputs.shape[1]
+    batch_tokens = evaluation_batch_tokens(config, validation_set)
     packed = is_packed(model)
     if not packed and count != 1:
         raise ValueError(f"{count} members need a pack of {count} models, not a single model")
