@@ -272,6 +272,20 @@ class Task:
         distribution of `sample`: (inputs, targets), int64 tensors [num, length]."""
         raise NotImplementedError
 
+    def device_array(self, array: np.ndarray, device):
+        """``array`` as a tensor on ``device``, copied there once per task and device: a copy
+        from the host at every draw would wait for the device's queue to empty."""
+        import torch
+
+        copies = self.__dict__.setdefault("_device_arrays", {})
+        key = (id(array), str(device))
+        if key not in copies:
+            copies[key] = (array, torch.as_tensor(array, device=device))
+        return copies[key][1]
+
+    def __getstate__(self):
+        return {key: value for key, value in self.__dict__.items() if key != "_device_arrays"}
+
     @property
     def samples_on_device(self) -> bool:
         """Whether the task implements `sample_tensors`."""

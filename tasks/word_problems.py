@@ -170,10 +170,10 @@ class WordProblem(Task):
         import torch
 
         device, order = generator.device, len(self._table)
-        table = torch.as_tensor(self._table, device=device)
+        table = self.device_array(self._table, device)
         letters = torch.randint(0, len(self._letters), (num, self.options.length),
                                 generator=generator, device=device)
-        elements = torch.as_tensor(self._letters, device=device)[letters]
+        elements = self.device_array(self._letters, device)[letters]
         products = [elements[:, 0]]
         for t in range(1, self.options.length):
             products.append(table[products[-1], elements[:, t]])

@@ -38,4 +38,16 @@ def test_bench_train_refuses_bad_choices_in_one_line(capsys):
     assert code == 2 and "--steps must be at least twice --interval" in stderr
     code, _, stderr = cli(capsys, "bench", "train", "--shapes", "smoke", "--steps", "4",
                           "--interval", "2", "--device", "cpu", "--against", "no-such-rev")
-    assert code == 2 and "--against no-such-rev: git cannot archive it" in stderr
+    assert code == 2 and "--against no-such-rev: neither a folder holding a pathbench " \
+        "checkout nor a revision git can archive" in stderr
+
+
+def test_bench_train_measures_the_checkout_in_a_folder(tmp_path, capsys):
+    """For a machine without the repository's history: a checkout's folder instead of a
+    revision (here this checkout's own)."""
+    code, stdout, stderr = cli(capsys, "bench", "train", "--shapes", "smoke", "--attentions",
+                               "nope", "--steps", "4", "--interval", "2", "--device", "cpu",
+                               "--against", str(ROOT))
+    assert code == 0, stderr
+    [line] = [line for line in stdout.splitlines() if line.startswith("| smoke |")]
+    assert float(line.strip("|").split("|")[-1]) > 0  # the ratio of the two

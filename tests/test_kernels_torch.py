@@ -29,6 +29,7 @@ from pathbench.kernels import (
     softmax_attention,
     softmax_probs,
 )
+from pathbench.kernels.softmax import SHORT_SEQUENCE, _short_softmax_attention
 
 F64 = torch.float64
 
@@ -329,8 +330,9 @@ def test_triton_backend_without_the_kernel_says_so(monkeypatch):
 # Softmax, rope and stick-breaking
 
 
-def test_nope_and_rope_match_brute_force():
-    q, k, v, *_ = make_inputs(B=2, T=40, H=2, D=16)
+@pytest.mark.parametrize("T", [40, SHORT_SEQUENCE + 36])  # written out; the fused kernel
+def test_nope_and_rope_match_brute_force(T):
+    q, k, v, *_ = make_inputs(B=2, T=T, H=2, D=16)
     nope_logits = brute_path_logits(q, k)
     torch.testing.assert_close(softmax_attention(q, k, v), brute_softmax_output(nope_logits, v),
                                rtol=0, atol=1e-12)
@@ -397,6 +399,23 @@ def test_eager_rope_can_be_captured_in_a_cuda_graph():
         captured = apply_rope(x)
     graph.replay()
     torch.testing.assert_close(captured, expected, rtol=0, atol=0)
+
+
+def test_short_sequences_written_out_match_the_fused_kernel_forward_and_backward():
+    q, k, v, *_ = make_inputs(B=2, T=SHORT_SEQUENCE, H=2, D=16)
+    for rope in (False, True):
+        grads = []
+        for short in (True, False):
+            leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+            qr, kr = (apply_rope(x) for x in leaves[:2]) if rope else leaves[:2]
+            out = (_short_softmax_attention(qr, kr, leaves[2]) if short else
+                   F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (qr, kr, leaves[2])),
+                                                  is_causal=True).transpose(1, 2))
+            out.backward(torch.randn(out.shape, dtype=F64,
+                                     generator=torch.Generator().manual_seed(1)))
+            grads.append((out, *(x.grad for x in leaves)))
+        for short, fused in zip(*grads):
+            torch.testing.assert_close(short, fused, rtol=0, atol=1e-12)
 
 
 def test_sba_and_rope_gradcheck():

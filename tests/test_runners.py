@@ -279,11 +279,11 @@ def test_shipped_sweep_files_resolve():
     mqrar = next(grid for grid in grids if grid.task == "mqrar")
     n_back = {c.task.config["n_back"] for c in mqrar.runs("cuda")}
     assert n_back == {1, 2, 3, 4}
-    # Every grid searches a decade of learning rates; a cell's three learning rates x three
-    # seeds train as one pack, but MQRAR's runs, which fill the GPU alone.
+    # Every grid searches a decade of learning rates; a cell's runs pack as --pack auto
+    # decides, but MQRAR's, which fill the GPU alone.
     assert all(grid.lrs == [1e-4, 3e-4, 1e-3] for grid in grids)
-    assert {grid.task: grid.pack for grid in grids} == {"flipflop": 9, "a5": 9, "a4xz5": 9,
-                                                        "z60": 9, "mqrar": 1}
+    assert {grid.task: grid.pack for grid in grids} == {"flipflop": None, "a5": None,
+                                                        "a4xz5": None, "z60": None, "mqrar": 1}
     # A5's depth is searched at every length of the ladder, each length its own chain, and
     # tested at twice that length; the controls at the ladder's ends.
     lengths = {}
@@ -327,8 +327,9 @@ def test_sweep_file_errors_name_the_problem(tmp_path):
         ('[[sweep]]\ntask = "flipflop"\nlayer = [1]\n', "unknown key 'layer'; valid keys: .*layers"),
         ('[[sweep]]\ntask = "flipflop"\nlayers = "3-1"\n', "layers expects integers"),
         ('[[sweep]]\ntask = "flipflop"\nset = "task.length=8"\n', "set must be a list"),
-        ('[[sweep]]\ntask = "flipflop"\npack = 0\n', "pack must be >= 1, got 0"),
-        ('[[sweep]]\ntask = "flipflop"\npack = "all"\n', "pack must be an integer, got 'all'"),
+        ('[[sweep]]\ntask = "flipflop"\npack = 0\n', 'pack must be "auto" or an integer >= 1, got 0'),
+        ('[[sweep]]\ntask = "flipflop"\npack = "all"\n',
+         'pack must be "auto" or an integer >= 1, got \'all\''),
         ("[[sweep]\n", "not valid TOML"),
     ]:
         bad.write_text(text)
@@ -367,6 +368,32 @@ def test_packs_hold_runs_that_differ_only_in_seed_and_learning_rate():
         assert len({run.model.attention for run in pack}) == 1
     assert sorted(run.run_id for pack in packs for run in pack) == sorted(
         run.run_id for run in grid.runs("cpu"))
+
+
+def test_auto_packs_a_cell_together_on_a_gpu_as_memory_allows(monkeypatch):
+    from pathbench.runners.sweep import schedule
+    from pathbench.runners.sweep.schedule import in_packs
+
+    grid = Grid(task="a5", models=["rope", "path"], lrs=[1e-4, 3e-4, 1e-3], seeds=[0, 1, 2],
+                layers=[4], sets=["task.length=12"], batch_size=256, d_model=128)
+    assert sorted(map(len, in_packs(grid.runs("cuda"), None))) == [9, 9]  # a cell a pack
+    assert list(map(len, in_packs(grid.runs("cpu"), None))) == [1] * 18
+    # 256 x 12 tokens x 128 channels x 4 layers: 4 runs' activations fit, 9 take three packs
+    monkeypatch.setattr(schedule, "PACK_MEMORY", 4 * 256 * 12 * 128 * 4 * schedule.ACTIVATION_BYTES)
+    assert sorted(map(len, in_packs(grid.runs("cuda"), None))) == [3] * 6
+    monkeypatch.setattr(schedule, "PACK_MEMORY", 1)  # not even one: each alone
+    assert list(map(len, in_packs(grid.runs("cuda"), None))) == [1] * 18
+
+
+def test_pack_is_auto_unless_a_file_or_the_command_line_gives_a_size(tmp_path):
+    from pathbench.runners.sweep.grid import apply_values
+
+    path = tmp_path / "s.toml"
+    path.write_text('[[sweep]]\ntask = "flipflop"\n\n[[sweep]]\ntask = "flipflop"\npack = 3\n'
+                    '\n[[sweep]]\ntask = "flipflop"\npack = "auto"\n')
+    _, grids = load_sweep_file(path)
+    assert [grid.pack for grid in grids] == [None, 3, None]
+    assert apply_values(Grid(task="flipflop", pack=3), "--", pack="auto").pack is None
 
 
 def _dry_run(grid, out, capsys):
@@ -710,26 +737,34 @@ def test_runs_shared_by_two_grids_train_once_and_release_both(tmp_path):
 
 @pytest.mark.parametrize("on_device", [False, True])
 def test_training_batches_are_fresh_and_a_function_of_the_run_seed(monkeypatch, on_device):
-    """Drawn with numpy, or by the task's device sampler (as on a GPU; here on the CPU)."""
+    """Drawn with numpy, or by the task's device sampler (as on a GPU; here on the CPU); a
+    member's batches are the same in any pack."""
     import numpy as np
     import torch
 
     from pathbench.runners.training import loop
-    from pathbench.runners.training.loop import training_batches
+    from pathbench.runners.training.loop import TrainingData
     from pathbench.tasks import make_task
 
     monkeypatch.setattr(loop, "on_device_data", lambda task, device: on_device)
+    monkeypatch.setattr(loop, "TOKENS_PER_DEVICE_DRAW", 32 * 64 * 16)  # 16 steps a draw
     task = make_task("flipflop", {"length": 64})
 
-    def first_batches(seed, count=70):  # more than one draw of 1024 sequences
-        batches = training_batches(task, 32, seed, torch.device("cpu"))
-        taken = [next(batches)[0].numpy() for _ in range(count)]
-        batches.close()
-        return np.stack(taken)
+    def first_batches(seeds, steps=70):  # several draws
+        data = TrainingData(task, 32, seeds, 64, torch.device("cpu"))
+        taken = []
+        for step in range(steps):
+            if step % data.steps_per_draw == 0:
+                data.refill()
+            taken.append(data.inputs[step % data.steps_per_draw].view(len(seeds), 32, 64).clone())
+        data.close()
+        assert data.steps_per_draw == (16 if on_device else 1024 // 32)
+        return torch.stack(taken, dim=1).numpy()  # [members, steps, B, T]
 
-    first = first_batches(seed=3)
-    assert np.array_equal(first, first_batches(seed=3))
-    assert not np.array_equal(first, first_batches(seed=4))
+    [first] = first_batches([3])
+    assert np.array_equal(first, first_batches([3])[0])
+    assert not np.array_equal(first, first_batches([4])[0])
+    assert np.array_equal(first_batches([4, 3])[1], first)  # as alone, in a pack
     assert len({row.tobytes() for row in first.reshape(-1, 64)}) == 70 * 32  # all distinct
 
 
@@ -816,12 +851,12 @@ def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attenti
     from pathbench.models import build_model, model_config
     from pathbench.models.pack import pack_models
     from pathbench.runners.training.optimizer import PackedAdamW
-    from pathbench.runners.training.loop import TrainStep
+    from pathbench.runners.training.loop import TrainStep, lr_factors
     from pathbench.tasks import make_task
 
     task = make_task("a5", {"length": 20})
     data = task.generate(12 * 64, seed=5, split="train")
-    inputs = torch.from_numpy(data.inputs).cuda().view(12, 64, -1)  # two members' batches
+    inputs = torch.from_numpy(data.inputs).cuda().view(12, 64, -1)  # 12 steps of two members
     targets = torch.from_numpy(data.targets).cuda().view(12, 64, -1)
     device = torch.device("cuda")
     runs = []
@@ -834,16 +869,17 @@ def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attenti
                 "vocab_size": len(task.vocab)})))
         model = pack_models(models).cuda()
         step = TrainStep(model, PackedAdamW(model, [3e-3, 1e-3], weight_decay=0.1,
-                                            grad_clip=1.0, member_axis=True), device)
+                                            grad_clip=1.0, member_axis=True),
+                         inputs, targets, lambda n: lr_factors(n, 12, 12), device)
         if eager:  # the plain computation: not compiled, no graph
             step.forward_losses = step._forward_losses
             step.EAGER_CUDA_STEPS = len(inputs)
         losses = []
         for i in range(len(inputs)):
-            step.optimizer.set_lr_factor((i + 1) / len(inputs))
-            losses.append(step(inputs[i], targets[i]))
+            step()
+            losses += step.read_losses()
         assert (step.graph is None) == eager
-        runs.append((torch.stack(losses).cpu(), torch.cat([p.detach().flatten().float()
+        runs.append((torch.tensor(losses), torch.cat([p.detach().flatten().float()
                                                           for p in model.parameters()]).cpu(),
                      step.scored.cpu(), step.correct.cpu()))
     (fast_losses, fast_params, fast_scored, fast_correct), (eager_losses, eager_params, scored,

@@ -254,8 +254,9 @@ def test_packed_sweep_records_every_run_as_its_own(tmp_path, capsys):
     assert code == 0 and sweep_counts(stdout) == {"already done": 12}
 
 
-@pytest.mark.parametrize("pack, message", [("0", "--pack must be >= 1, got 0"),
-                                           ("two", "Invalid value for '--pack'")])
+@pytest.mark.parametrize("pack, message", [
+    ("0", '--pack must be "auto" or an integer >= 1, got 0'),
+    ("two", '--pack must be "auto" or an integer >= 1, got \'two\'')])
 def test_bad_pack_size_is_a_one_line_error(tmp_path, capsys, pack, message):
     code, _, stderr = cli(capsys, "sweep", "flipflop", "--pack", pack, *TINY,
                           "--out", tmp_path / "runs")

@@ -46,8 +46,7 @@ def test_packed_adamw_is_torch_adamw_with_global_norm_clipping():
         optimizer.zero_grad()
         random_gradients(ours, scale, torch.Generator().manual_seed(step))
         optimizer.grads.copy_(torch.cat([p.grad.flatten() for p in ours.parameters()])[None])
-        optimizer.set_lr_factor(step + 1)
-        optimizer.step()
+        optimizer.step(step + 1)
         random_gradients(theirs, scale, torch.Generator().manual_seed(step))
         torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
         for group in reference.param_groups:

@@ -10,9 +10,10 @@ its peak, and the model's arithmetic as a fraction of the device's own bf16 (CPU
 matrix-multiply rate, measured in the same process.
 
 `--against REV` measures the engine of git revision REV the same way, side by side: its tree is
-unpacked from git (``git archive``) into a temporary folder and the same measuring function
-(this module's `measure`, run as a script) imports pathbench from there. REV must have the
-library layout this tree has (``pathbench.runners.training``).
+unpacked from git (``git archive``) into a temporary folder, and the same measuring function
+(this module's `measure`, run as a script) imports pathbench from there. REV may also be a
+folder holding such a tree (for a machine without the repository's history). REV must have
+the library layout this tree has (``pathbench.runners.training``).
 """
 
 from __future__ import annotations
@@ -149,17 +150,22 @@ def _measure_all(plan: dict) -> list[dict]:
 
 
 def _tree_of(revision: str, folder: Path) -> Path:
-    """Revision ``revision`` of this git checkout, unpacked into ``folder`` and laid out as the
-    package ``pathbench`` (its top-level folders as subpackages); the folder to import from."""
-    root = Path(__file__).resolve().parents[2]
-    archive = subprocess.run(["git", "archive", "--format=tar", revision], cwd=root,
-                             capture_output=True, check=False)
-    if archive.returncode:
-        raise UserError(f"--against {revision}: git cannot archive it: "
-                        f"{archive.stderr.decode().strip().splitlines()[-1]}")
-    tree = folder / "tree"
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(tree, filter="data")
+    """Revision ``revision`` of this git checkout, unpacked into ``folder``, or the checkout in
+    the folder ``revision`` (one without git, say), laid out as the package ``pathbench`` (its
+    top-level folders as subpackages); the folder to import from."""
+    tree = Path(revision)
+    if not (tree / "pathbench" / "__init__.py").is_file():
+        root = Path(__file__).resolve().parents[2]
+        archive = subprocess.run(["git", "archive", "--format=tar", revision], cwd=root,
+                                 capture_output=True, check=False)
+        if archive.returncode:
+            raise UserError(f"--against {revision}: neither a folder holding a pathbench "
+                            f"checkout nor a revision git can archive: "
+                            f"{archive.stderr.decode().strip().splitlines()[-1]}")
+        tree = folder / "tree"
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(tree, filter="data")
+    tree = tree.resolve()
     package = folder / "site" / "pathbench"
     package.mkdir(parents=True)
     for path in (tree / "pathbench").iterdir():

@@ -113,7 +113,8 @@ def _attention_names():
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True)
 @click.option("--against", default=None, metavar="REV",
-              help="Also measure the engine of git revision REV (e.g. HEAD~3), side by side.")
+              help="Also measure the engine of git revision REV (e.g. HEAD~3), or of the "
+                   "checkout in folder REV, side by side.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the rows as CSV here.")
 def train(shapes, attentions, packs, steps, interval, device, against, out):

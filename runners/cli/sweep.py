@@ -42,9 +42,12 @@ from pathbench.runners.training.config import DEVICES
 @shared_options
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Runs (or packs) trained at once: local processes, or concurrent Slurm jobs.")
-@click.option("--pack", type=int, default=None,
+@click.option("--pack", default=None, metavar="auto|N", callback=lambda ctx, param, value:
+              value if value in (None, "auto") or not value.isdigit() else int(value),
               help="Train up to N runs that differ only in seed and learning rate as one "
-                   "batched model (keeps a GPU busy with small models). Default 1.")
+                   "batched model (keeps a GPU busy with small models). Default auto: on a "
+                   "GPU a cell's runs (seeds x learning rates) together, as memory allows; on "
+                   "a CPU 1.")
 @click.option("--executor", type=click.Choice(EXECUTORS.names()), default="local", show_default=True,
               help="local: worker processes here; slurm: one job per pack through submitit.")
 @click.option("--slurm", "slurm_options", multiple=True, metavar="KEY=VALUE",

@@ -51,7 +51,9 @@ class Grid:
     max_seeds: int | None = None
     # until_solved: a depth cut short by its budget trains again with twice the steps, to this
     max_steps: int | None = None
-    pack: int = 1  # runs trained as one model (those differing only in seed and lr)
+    # runs trained as one model (those differing only in seed and lr); None: chosen per cell
+    # (schedule.auto_pack_size)
+    pack: int | None = None
 
     def runs(self, device: str) -> list[Run]:
         """Every grid point, resolved; duplicates (same run id) appear once."""
@@ -216,11 +218,14 @@ def apply_values(target: Grid, prefix: str, **values) -> Grid:
             continue
         if key in parsers:
             value = parsers[key](value)
-        elif key in ("d_model", "steps", "batch_size", "pack", "max_seeds", "max_steps") and (
+        elif key == "pack":
+            if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)
+                                    or value < 1):
+                raise UserError(f'{prefix}pack must be "auto" or an integer >= 1, got {value!r}')
+            value = None if value == "auto" else value
+        elif key in ("d_model", "steps", "batch_size", "max_seeds", "max_steps") and (
                 isinstance(value, bool) or not isinstance(value, int)):
             raise UserError(f"{prefix}{key} must be an integer, got {value!r}")
-        elif key == "pack" and value < 1:
-            raise UserError(f"{prefix}pack must be >= 1, got {value}")
         elif key == "preset" and value not in PRESETS:
             raise UserError(f"{prefix}preset: unknown preset {value!r}; valid choices: "
                             f"{', '.join(PRESETS)}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,14 +210,38 @@ def _run_order(run: dict) -> tuple:
     return -run_cost(run), run.seed
 
 
-def in_packs(runs: list[Run], size: int) -> list[list[Run]]:
-    """Runs that differ only in seed and learning rate, grouped in packs of up to ``size``, in
-    the order of each pack's first run."""
+# --pack auto: a GPU pack holds a whole cell (the runs that differ only in seed and learning
+# rate), split into equal packs where its activations would pass PACK_MEMORY. A run's are
+# estimated as ACTIVATION_BYTES per token, channel and layer (bf16 activations kept for the
+# backward; `pathbench bench train` measures the real figure). On a CPU, packing gains nothing.
+PACK_MEMORY = 16 * 2**30
+ACTIVATION_BYTES = 96
+
+
+def auto_pack_size(cell: list[Run]) -> int:
+    """How many runs of ``cell`` (runs that differ only in seed and learning rate) train as one
+    model under --pack auto."""
+    run = cell[0]
+    if run.device == "cpu":
+        return 1
+    length = run.task.length or 1
+    per_run = (run.train.batch_size * length * run.model.d_model * run.model.layers
+               * ACTIVATION_BYTES)
+    packs = math.ceil(len(cell) / max(1, PACK_MEMORY // per_run))
+    return math.ceil(len(cell) / packs)
+
+
+def in_packs(runs: list[Run], size: int | None) -> list[list[Run]]:
+    """Runs that differ only in seed and learning rate, grouped in packs of up to ``size``
+    (None: `auto_pack_size`), in the order of each pack's first run."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
         groups.setdefault(run.cell_key(), []).append(run)
-    return [group[start : start + size] for group in groups.values()
-            for start in range(0, len(group), size)]
+    packs = []
+    for group in groups.values():
+        step = size or auto_pack_size(group)
+        packs += [group[start : start + step] for start in range(0, len(group), step)]
+    return packs
 
 
 def run_cost(run: dict) -> int:

@@ -16,16 +16,17 @@ rate as one model, its members stacked along the batch: each kernel then does th
 every member, which is how a sweep of small models keeps a GPU busy. Every member keeps its own
 data stream, learning rate, clipping, early stop and record.
 
-On CUDA the forward and loss are compiled (torch.compile) and the optimizer step is captured
-once as a CUDA graph and replayed (``TrainStep``): the benchmark's models are small, and an
-eager step of them spends most of its time launching kernels, many of them small elementwise
-ones that compilation fuses.
+On CUDA the forward and loss are compiled (torch.compile) and the whole step (the batch, forward,
+backward, the schedule, clipping and AdamW) is captured once as a CUDA graph and replayed
+(``TrainStep``): the benchmark's models are small, and an eager step of them spends most of
+its time launching kernels, many of them small elementwise ones that compilation fuses. The
+host only refills the training data every few hundred steps, reads the losses every
+LOSS_READ_EVERY steps and evaluates.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 import time
 import warnings
@@ -46,9 +47,12 @@ EVALUATION_SEED = 0  # chunk c of every evaluation split is generated with seed 
 EVAL_CHUNK = 8192  # evaluation sequences generated and scored at a time
 
 
-# Training sequences are drawn about this many at a time (one generate call feeds several
-# steps): some generators have a fixed cost per call that would otherwise dominate a GPU step.
+# Training sequences are drawn many steps' worth at a time: a draw has a fixed cost per call
+# (launches, and for some generators a read of the device) that would otherwise dominate a
+# step. numpy draws hold SEQUENCES_PER_DRAW sequences; device draws about TOKENS_PER_DEVICE_DRAW
+# tokens. Both depend on the run's shape only, never on the pack it trains in.
 SEQUENCES_PER_DRAW = 1024
+TOKENS_PER_DEVICE_DRAW = 2**20
 LOSS_READ_EVERY = 20  # steps between reads of the loss from the device (divergence checks)
 
 
@@ -64,32 +68,60 @@ def on_device_data(task, device: torch.device) -> bool:
     return device.type == "cuda" and task.samples_on_device
 
 
-def training_batches(task, batch_size: int, run_seed: int, device: torch.device):
-    """Fresh training batches forever: (inputs, targets) tensors of ``batch_size`` rows on
-    ``device``. A draw holds several steps' batches. On a GPU, a task with a device sampler
-    draws them there (`Task.generate_tensors`); otherwise each draw is generated with numpy in a
-    background thread while the model trains on the one before, and copied over whole."""
-    steps_per_draw = max(1, SEQUENCES_PER_DRAW // batch_size)
-    size = steps_per_draw * batch_size
+class TrainingData:
+    """Fresh training batches of a pack's members, ``steps_per_draw`` steps at a time.
 
-    def generate(draw: int):
-        return task.generate(size, draw_seed(run_seed, draw), task.splits[0])
+    ``inputs`` and ``targets`` [S, E * B, T] hold the next S steps: step s reads row s, member
+    e's batch in rows e * B to (e + 1) * B of it (the pack's layout). `refill` overwrites them
+    with the members' next draws, in place, so that a captured CUDA graph keeps reading them.
+    Member e's draw d is ``S * B`` sequences drawn with seed ``draw_seed(seed_e, d)``, step s of
+    it its sequences s * B onwards: a run's batches depend on its seed alone.
 
-    def split_up(inputs, targets):
-        for start in range(0, size, batch_size):
-            yield inputs[start : start + batch_size], targets[start : start + batch_size]
+    On a GPU a task with a device sampler draws there (`Task.generate_tensors`); otherwise each
+    draw is generated with numpy in a background thread while the model trains on the one
+    before, and copied over whole.
+    """
 
-    if on_device_data(task, device):
-        for draw in itertools.count():
-            yield from split_up(*task.generate_tensors(size, draw_seed(run_seed, draw),
-                                                       task.splits[0], device))
-    with ThreadPoolExecutor(max_workers=1) as background:
-        upcoming = background.submit(generate, 0)
-        for draw in itertools.count():
-            data = upcoming.result()
-            upcoming = background.submit(generate, draw + 1)
-            yield from split_up(torch.from_numpy(data.inputs).to(device),
-                                torch.from_numpy(data.targets).to(device))
+    def __init__(self, task, batch_size: int, seeds: list[int], length: int,
+                 device: torch.device):
+        self.task, self.batch_size, self.seeds, self.device = task, batch_size, seeds, device
+        self.on_device = on_device_data(task, device)
+        self.steps_per_draw = max(1, (TOKENS_PER_DEVICE_DRAW // (batch_size * length)
+                                      if self.on_device else SEQUENCES_PER_DRAW // batch_size))
+        shape = (self.steps_per_draw, len(seeds) * batch_size, length)
+        self.inputs = torch.zeros(shape, dtype=torch.long, device=device)
+        self.targets = torch.zeros(shape, dtype=torch.long, device=device)
+        self.draws = 0
+        self.background = None if self.on_device else ThreadPoolExecutor(max_workers=1)
+        self.upcoming = None if self.on_device else self.background.submit(self._generate, 0)
+
+    def _generate(self, draw: int) -> list:
+        """Each member's draw ``draw`` with numpy: (inputs, targets) arrays [S * B, T]."""
+        size = self.steps_per_draw * self.batch_size
+        drawn = [self.task.generate(size, draw_seed(seed, draw), self.task.splits[0])
+                 for seed in self.seeds]
+        return [(data.inputs, data.targets) for data in drawn]
+
+    def refill(self) -> None:
+        """The members' next draw into ``inputs`` and ``targets``."""
+        S, B = self.steps_per_draw, self.batch_size
+        if self.on_device:
+            draws = [self.task.generate_tensors(S * B, draw_seed(seed, self.draws),
+                                                self.task.splits[0], self.device)
+                     for seed in self.seeds]
+        else:
+            draws = [tuple(map(torch.from_numpy, pair)) for pair in self.upcoming.result()]
+            self.upcoming = self.background.submit(self._generate, self.draws + 1)
+        for buffer, index in ((self.inputs, 0), (self.targets, 1)):
+            stacked = torch.stack([draw[index].view(S, B, -1) for draw in draws], dim=1)
+            buffer.copy_(stacked.view(buffer.shape))
+        self.draws += 1
+
+    def close(self) -> None:
+        """Stops the background draw."""
+        if self.background is not None:
+            self.upcoming.cancel()
+            self.background.shutdown(wait=True)
 
 
 @dataclass
@@ -168,23 +200,31 @@ def hash_and_baselines(task, splits: list[EvaluationSplit]) -> tuple[str, dict]:
     return digest.hexdigest(), baselines
 
 
-def lr_factor(step: int, total: int, warmup: int, schedule: str = "cosine",
-              decay: float = 0.2) -> float:
-    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based): a linear
+def lr_factors(step: torch.Tensor, total: int, warmup: int, schedule: str = "cosine",
+               decay: float = 0.2) -> torch.Tensor:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based, a float64
+    tensor, so that a captured CUDA graph computes the schedule on the device): a linear
     warm-up, then cosine decay to zero ("cosine"), the peak until the end ("constant"), or the
     peak until the last ``decay`` of the steps and a linear decay to zero over them ("wsd").
     The warm-up is capped at a tenth of the run, so that a shortened run keeps the same
     shape."""
     warmup_steps = min(warmup, total // 10)
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
+    warming = (step + 1) / max(1, warmup_steps)
     if schedule == "constant":
-        return 1.0
-    if schedule == "wsd":
-        decay_steps = max(1, round(decay * total))
-        return min(1.0, (total - step) / decay_steps)
-    progress = (step - warmup_steps) / max(1, total - warmup_steps)
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
+        after = torch.ones_like(step)
+    elif schedule == "wsd":
+        after = ((total - step) / max(1, round(decay * total))).clamp(max=1.0)
+    else:
+        progress = (step - warmup_steps) / max(1, total - warmup_steps)
+        after = 0.5 * (1.0 + torch.cos(math.pi * progress))
+    return torch.where(step < warmup_steps, warming, after)
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str = "cosine",
+              decay: float = 0.2) -> float:
+    """`lr_factors` at one step, as a number."""
+    return float(lr_factors(torch.tensor(float(step), dtype=torch.float64), total, warmup,
+                            schedule, decay))
 
 
 def activation_dtype(device: torch.device) -> torch.dtype:
@@ -200,55 +240,70 @@ def _autocast(device: torch.device):
 
 class TrainStep:
     """One training step of a pack of E models (``pathbench.models.pack``; E = 1 for one run):
-    forward on the members' stacked batches, each member's loss, backward, and the optimizer's
-    per-member clipping and AdamW update.
+    the step's batches from the training data's buffers, forward, each member's loss,
+    backward, the schedule's learning rate, and the optimizer's per-member clipping and AdamW
+    update.
 
-    Calling it with inputs and targets [E * B, T] returns the members' losses [E] (a device
-    tensor) and adds each member's correct and scored target counts to ``correct`` and
-    ``scored`` [E]. On CUDA the forward and the losses are compiled (``compile_for_cuda``), the
-    first EAGER_CUDA_STEPS steps run without a graph on a side stream (compilation, lazy
-    initialisation, the Triton kernel's choice of launch configuration), the next one is
-    captured as a CUDA graph, and every later step replays that graph on fresh data copied into
-    the captured input buffers: the same computation, without the per-kernel launch cost of
-    Python.
+    ``inputs`` and ``targets`` [S, E * B, T] are `TrainingData`'s buffers; step n reads row
+    n mod S. Everything a step needs lives on the device: the step counter (the schedule's
+    input and the row to read), the learning rates, and the members' losses, which each step
+    writes to a log that `read_losses` reads and empties, and their correct and scored target
+    counts, added to ``correct`` and ``scored`` [E]. On CUDA the forward and the losses are
+    compiled (``compile_for_cuda``), the first EAGER_CUDA_STEPS steps run without a graph on a
+    side stream (compilation, lazy initialisation, the Triton kernel's choice of launch
+    configuration), the next one is captured as a CUDA graph, and every later step is one
+    replay of it: the whole step, without a launch from Python per kernel and without reading
+    anything back.
     """
 
     EAGER_CUDA_STEPS = 3
 
-    def __init__(self, model, optimizer: PackedAdamW, device: torch.device):
+    def __init__(self, model, optimizer: PackedAdamW, inputs: torch.Tensor,
+                 targets: torch.Tensor, schedule, device: torch.device):
+        """schedule: the learning-rate factor of a (0-based, float64 tensor) step number."""
         self.model, self.optimizer, self.device = model, optimizer, device
+        self.inputs, self.targets, self.schedule = inputs, targets, schedule
         self.members = optimizer.members
         self.correct = torch.zeros(self.members, dtype=torch.long, device=device)
         self.scored = torch.zeros(self.members, dtype=torch.long, device=device)
+        self.step_number = torch.zeros((), dtype=torch.float64, device=device)
+        self.loss_log = torch.zeros(LOSS_READ_EVERY, self.members, device=device)
+        self.logged = torch.zeros(1, dtype=torch.long, device=device)  # rows of loss_log in use
+        self.unread = 0  # the same count, as the host knows it
         self.steps_taken = 0
         self.graph = None
         self.forward_losses = self._forward_losses
         if device.type == "cuda":
             self.forward_losses = compile_for_cuda(self._forward_losses)
 
-    def __call__(self, inputs, targets) -> torch.Tensor:
+    def __call__(self) -> None:
+        if self.unread == LOSS_READ_EVERY:
+            raise RuntimeError(f"{LOSS_READ_EVERY} steps' losses are unread")
         self.steps_taken += 1
+        self.unread += 1
         if self.device.type != "cuda":
-            return self._step(inputs, targets)
-        if self.graph is not None:
-            self.graph_inputs.copy_(inputs)
-            self.graph_targets.copy_(targets)
+            self._step()
+        elif self.graph is not None:
             self.graph.replay()
-            return self.graph_losses.clone()  # the next replay overwrites graph_losses
-        if self.steps_taken <= self.EAGER_CUDA_STEPS:
+        elif self.steps_taken <= self.EAGER_CUDA_STEPS:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
-                losses = self._step(inputs, targets)
+                self._step()
             torch.cuda.current_stream(self.device).wait_stream(side)
-            return losses
-        # Capturing records the step without running it; the replay below runs it.
-        self.graph_inputs, self.graph_targets = inputs.clone(), targets.clone()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.graph_losses = self._step(self.graph_inputs, self.graph_targets)
-        self.graph.replay()
-        return self.graph_losses.clone()
+        else:
+            # Capturing records the step without running it; the replay below runs it.
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self._step()
+            self.graph.replay()
+
+    def read_losses(self) -> list[list[float]]:
+        """The members' losses of the steps since the last read, [steps, E] (waits for them)."""
+        losses = self.loss_log[: self.unread].tolist()
+        self.logged.zero_()
+        self.unread = 0
+        return losses
 
     def _forward_losses(self, inputs, targets):
         """Each member's loss [E] (with autograd history), and its correct and scored target
@@ -264,14 +319,18 @@ class TrainStep:
         hits = (logits.argmax(dim=-1) == targets).view(self.members, -1) & scored
         return losses, hits.sum(1), scored_counts
 
-    def _step(self, inputs, targets) -> torch.Tensor:
+    def _step(self) -> None:
+        row = self.step_number.long().remainder(self.inputs.shape[0]).view(1)
+        inputs, targets = self.inputs.index_select(0, row)[0], self.targets.index_select(0, row)[0]
         self.optimizer.zero_grad()
         losses, hits, scored = self.forward_losses(inputs, targets)
         losses.sum().backward()  # the members share no weights: each gets its own gradient
-        self.optimizer.step()
+        self.optimizer.step(self.schedule(self.step_number))
+        self.step_number += 1
         self.correct += hits
         self.scored += scored
-        return losses.detach()
+        self.loss_log.index_copy_(0, self.logged, losses.detach()[None])
+        self.logged += 1
 
 
 # Inductor's advice, printed for compiled graphs, that does not apply here: the float32 products
@@ -372,7 +431,13 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
     model.to(device).train()
     optimizer = PackedAdamW(model, [member.lr for member in members], config.weight_decay,
                             config.grad_clip, member_axis=packed)
-    step_fn = TrainStep(model, optimizer, device)
+    data = TrainingData(task, config.batch_size, [member.seed for member in members],
+                        validation_set.chunk(0).inputs.shape[1], device)
+
+    def schedule(step: torch.Tensor) -> torch.Tensor:
+        return lr_factors(step, config.steps, config.warmup, config.schedule, config.decay)
+
+    step_fn = TrainStep(model, optimizer, data.inputs, data.targets, schedule, device)
     correct, scored = step_fn.correct, step_fn.scored
 
     def weights(member: int) -> dict:
@@ -403,26 +468,20 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
 
     # Statistics stay on the device and are read back every LOSS_READ_EVERY steps: reading a
     # value each step would stall the GPU queue at every step.
-    unread_losses: list[torch.Tensor] = []
     loss_sums, interval_steps = [0.0] * count, 0
     bar = tqdm(total=config.steps, desc=label, disable=not progress, dynamic_ncols=True,
                mininterval=0.5)
     start = time.perf_counter()
-    streams = [training_batches(task, config.batch_size, member.seed, device)
-               for member in members]
     step = 0
     for step in range(1, config.steps + 1):
-        factor = lr_factor(step - 1, config.steps, config.warmup, config.schedule, config.decay)
-        optimizer.set_lr_factor(factor)
-        batches = [next(stream) for stream in streams]
-        unread_losses.append(step_fn(torch.cat([inputs for inputs, _ in batches]),
-                                     torch.cat([targets for _, targets in batches])))
+        if (step - 1) % data.steps_per_draw == 0:
+            data.refill()
+        step_fn()
 
         evaluate_now = step % config.eval_every == 0 or step == config.steps
-        if len(unread_losses) < LOSS_READ_EVERY and not evaluate_now:
+        if step_fn.unread < LOSS_READ_EVERY and not evaluate_now:
             continue
-        losses = torch.stack(unread_losses).tolist()  # [steps read, members]
-        unread_losses.clear()
+        losses = step_fn.read_losses()  # [steps read, members]
         for member in range(count):
             if outcomes[member] is not None:
                 continue
@@ -455,7 +514,8 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
             validation[member] = checked[member]
             members[member].curve.append({
                 "step": step,
-                "lr": members[member].lr * factor,
+                "lr": members[member].lr * lr_factor(step - 1, config.steps, config.warmup,
+                                                     config.schedule, config.decay),
                 "loss": loss_sums[member] / interval_steps,
                 "accuracy": accuracies[member],
                 "validation": checked[member],
@@ -476,8 +536,7 @@ def train(model, task, train_config: TrainConfig, members: list[Member], device:
             if all(outcome is not None for outcome in outcomes):
                 break
     bar.close()
-    for stream in streams:
-        stream.close()  # stops the background draw
+    data.close()
 
     if any(outcome is None for outcome in outcomes):
         metrics = final_metrics()

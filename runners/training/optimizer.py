@@ -56,12 +56,8 @@ class PackedAdamW:
                 self.decay[:, columns] = weight_decay
             start += width
 
-    # Both change device memory with a kernel, never with a copy from the host, which would
-    # wait for every queued step to finish.
-    def set_lr_factor(self, factor: float) -> None:
-        """Learning rate of the next step: each member's peak times ``factor`` (the schedule)."""
-        torch.mul(self.peak_lr, factor, out=self.lr)
-
+    # Changes device memory with a kernel, never with a copy from the host, which would wait
+    # for every queued step to finish.
     def freeze(self, member: int) -> None:
         """Learning rate 0 for ``member`` from now on: its weights no longer change."""
         self.peak_lr[member] = 0.0
@@ -70,8 +66,11 @@ class PackedAdamW:
         self.grads.zero_()
 
     @torch.no_grad()
-    def step(self) -> None:
-        """Clip each member's gradient to norm grad_clip, then one AdamW update."""
+    def step(self, lr_factor) -> None:
+        """Clip each member's gradient to norm grad_clip, then one AdamW update at each
+        member's peak learning rate times ``lr_factor`` (a number, or a tensor on the device:
+        the schedule)."""
+        torch.mul(self.peak_lr, lr_factor, out=self.lr)
         norms = torch.linalg.vector_norm(self.grads, dim=1, keepdim=True)
         self.grads.mul_((self.grad_clip / (norms + 1e-6)).clamp_(max=1.0))
         beta1, beta2 = self.betas
