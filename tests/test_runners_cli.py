@@ -225,6 +225,22 @@ def test_sweep_file_resume_results_plot_inspect(tmp_path, capsys, monkeypatch):
     run_dir = next(out.glob("flipflop-path-*"))
     code, stdout, _ = cli(capsys, "inspect", run_dir, "--tokens", "16")
     assert code == 0 and (run_dir / "attention.png").stat().st_size > 0
+    # every label and tick label lies inside the figure, in a font of at least 5 points
+    from pathbench.runners.analysis.attention_maps import attention_figure
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    figure = attention_figure(run_dir, "test", 0, 16)
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.draw(renderer)
+    for ax in figure.axes[:-1]:  # the maps (the last is the colour bar)
+        texts = [ax.xaxis.label, ax.yaxis.label, ax.title, *ax.get_xticklabels(),
+                 *ax.get_yticklabels()]
+        assert len(texts) == 3 + 2 * 16 and min(t.get_fontsize() for t in texts) >= 5
+        for text in texts:
+            box = text.get_window_extent(renderer)
+            assert figure.bbox.x0 <= box.x0 and box.x1 <= figure.bbox.x1, text.get_text()
+            assert figure.bbox.y0 <= box.y0 and box.y1 <= figure.bbox.y1, text.get_text()
     code, _, stderr = cli(capsys, "inspect", run_dir, "-o", tmp_path / "maps.xyz")
     assert code == 2 and len(stderr.strip().splitlines()) == 1
     assert "unknown picture format '.xyz'" in stderr and ".png" in stderr and ".pdf" in stderr

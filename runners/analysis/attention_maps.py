@@ -64,7 +64,8 @@ def attention_figure(run_dir: Path, split: str | None, example: int, tokens: int
     scored = np.flatnonzero(dataset.targets[example_in_chunk, :shown] != IGNORE_INDEX)
 
     layers, heads = len(maps), maps[0].shape[0]
-    figure = Figure(figsize=(3.6 * heads, 3.4 * layers), layout="constrained")
+    side = max(3.4, 0.1 * shown)  # inches a map: a tenth of an inch a position, for its label
+    figure = Figure(figsize=(side * heads + 1.2, side * layers + 0.6), layout="constrained")
     axes = figure.subplots(layers, heads, squeeze=False)
     for layer, layer_maps in enumerate(maps):
         for head, attention in enumerate(layer_maps):
@@ -72,8 +73,8 @@ def attention_figure(run_dir: Path, split: str | None, example: int, tokens: int
             image = ax.imshow(attention, cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
             ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
             if shown <= 64:  # token labels stay legible up to about 64 positions
-                ax.set_xticks(range(shown), words, fontsize=4, rotation=90)
-                ax.set_yticks(range(shown), words, fontsize=4)
+                ax.set_xticks(range(shown), words, fontsize=5, rotation=90)
+                ax.set_yticks(range(shown), words, fontsize=5)
             ax.scatter(np.full(len(scored), -1.2), scored, marker=">", s=6, color="red",
                        clip_on=False)
             ax.set_xlim(-0.5, shown - 0.5)  # the markers sit outside the map

@@ -411,7 +411,7 @@ def draw_generalisation(ax, panel: dict) -> str:
     table["length"] = [runs.loc[runs["cell"] == cell, column].iloc[0]
                        for cell in table["cell"]]
     models = model_order(table["model"])
-    rows, xs = [], set()
+    rows, segments = [], []
     for model in models:
         for (heads, length), cells in table[table["model"] == model].groupby(["heads", "length"]):
             solved = cells[cells["solved"]]
@@ -419,22 +419,29 @@ def draw_generalisation(ax, panel: dict) -> str:
                    else cells.loc[cells["layers"].idxmax()])
             points = [(int(length), "test")] + [
                 (int(split[5:]), split) for split in _longer_splits(_picked_runs(runs, row))]
-            x = [n for n, _ in points]
-            y = [row.get(split, np.nan) for _, split in points]
-            ax.plot(x, y, marker="o", lw=1.5, ms=4, color=colour(model, models), label=model)
-            # each segment starts at its training length: a square there says which it is
-            ax.plot(x[:1], y[:1], marker="s", ms=6, ls="none", color=colour(model, models))
-            xs.update(x)
+            segments.append((model, [n for n, _ in points],
+                             [row.get(split, np.nan) for _, split in points]))
             rows.append({"model": model, "heads": tidy(heads), "trained at": tidy(length),
                          "layers": tidy(row["layers"]), **{
                              f"length={n}": _mean_sd(row.get(split, np.nan),
                                                      row.get(f"{split}_std", np.nan))
                              for n, split in points}})
+    xs = sorted({x for _, segment, _ in segments for x in segment})
+    logarithmic = max(xs) / min(xs) > 4
+    if logarithmic:
+        ax.set_xscale("log", base=2)
+    # models a little apart along x (a twentieth of a doubling on a log axis, of the smallest
+    # gap between lengths on a linear one), so that equal values do not hide each other
+    gap = min(np.diff(xs), default=1)
+    for model, x, y in segments:
+        shift = (models.index(model) - (len(models) - 1) / 2) / 20
+        x = [n * 2**shift if logarithmic else n + shift * gap for n in x]
+        ax.plot(x, y, marker="o", lw=1.5, ms=4, color=colour(model, models), label=model)
+        # each segment starts at its training length: a square there says which it is
+        ax.plot(x[:1], y[:1], marker="s", ms=6, ls="none", color=colour(model, models))
     ax.plot([], [], marker="s", ms=6, ls="none", color="black",
             label="square: the length a segment's runs trained at")
-    if max(xs) / min(xs) > 4:
-        ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(xs), [str(x) for x in sorted(xs)])
+    ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel("evaluation length")
     ax.set_ylabel(f"{metric}{unit}")
     ax.set_ylim(-0.02, 1.02) if metric in ("accuracy", "last_accuracy") else None

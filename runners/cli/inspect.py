@@ -35,5 +35,6 @@ def inspect(run_dir, output, split, example, tokens):
                         f"valid: {', '.join('.' + f for f in sorted(formats))}")
     check_writable(output.parent, "the picture's folder")
     figure = attention_figure(run_dir, split, example, tokens)
-    write_atomic(output, lambda file: figure.savefig(file, format=picture_format, dpi=200))
+    write_atomic(output, lambda file: figure.savefig(file, format=picture_format, dpi=200,
+                                                         bbox_inches="tight", pad_inches=0.05))
     click.echo(f"wrote {output}")
