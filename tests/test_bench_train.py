@@ -29,6 +29,17 @@ def test_bench_train_measures_this_tree_and_another_revision_side_by_side(tmp_pa
     assert rows[0].startswith("engine,shape,attention,pack,run_steps_per_s")
     assert sorted(row.split(",")[0] for row in rows[1:]) == ["new", "new", "old", "old"]
 
+    # Again with one more pack size: the rows measured are kept, only the new ones measured.
+    code, stdout, stderr = cli(capsys, "bench", "train", "--shapes", "smoke", "--attentions",
+                               "rope", "--packs", "1,2,3", "--steps", "6", "--interval", "2",
+                               "--device", "cpu", "--against", "HEAD", "--out", out)
+    assert code == 0, stderr
+    assert stdout.count("(2 kept from") == 2
+    assert [line for line in stdout.splitlines() if line.startswith("  smoke")] == [
+        line for line in stdout.splitlines() if line.startswith("  smoke rope pack 3:")] != []
+    again = out.read_text().splitlines()
+    assert set(rows) < set(again) and len(again) == 1 + 6
+
 
 def test_bench_train_refuses_bad_choices_in_one_line(capsys):
     code, _, stderr = cli(capsys, "bench", "train", "--shapes", "huge", "--device", "cpu")

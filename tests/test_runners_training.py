@@ -101,6 +101,37 @@ def test_a_pack_trains_each_member_as_it_would_train_alone(attention):
     assert not torch.equal(outcomes[0].weights["head.weight"], outcomes[2].weights["head.weight"])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="compiled, graph-replayed steps need a CUDA GPU (run on the GPU machine)")
+@pytest.mark.parametrize("attention", ["rope", "path"])
+def test_on_a_gpu_a_pack_trains_each_member_as_alone_within_bf16_rounding(attention):
+    """The whole engine on the device: data drawn there, one graph a step, the schedule on
+    the device; a member's curve is its curve alone up to bf16 rounding."""
+    task = make_task("a5", {"length": 12})
+    config = train_config({"steps": 60, "batch_size": 64, "warmup": 6, "eval_every": 20,
+                           "eval_num": 256, "early_stop": None})
+    device = torch.device("cuda")
+
+    def model(seed):
+        torch.manual_seed(seed)
+        return build_model(model_config({"attention": attention, "vocab_size": len(task.vocab),
+                                         "layers": 2, "heads": 2, "d_model": 64}))
+
+    runs = [(0, 3e-3), (1, 1e-3)]
+    curves = [[] for _ in runs]
+    train(pack_models([model(seed) for seed, _ in runs]), task, config,
+          [Member(seed, lr, curve) for (seed, lr), curve in zip(runs, curves)], device,
+          progress=False)
+    for (seed, lr), curve in zip(runs, curves):
+        alone = []
+        train(model(seed), task, config, [Member(seed, lr, alone)], device, progress=False)
+        assert [point["step"] for point in curve] == [point["step"] for point in alone]
+        assert [point["lr"] for point in curve] == [point["lr"] for point in alone]
+        for point, alone_point in zip(curve, alone):
+            assert math.isclose(point["loss"], alone_point["loss"], rel_tol=2e-2)
+    assert curves[0][-1]["loss"] != curves[1][-1]["loss"]
+
+
 def test_a_diverging_member_leaves_the_others_untouched():
     packed = pack_models([small_model("path", 0), small_model("path", 1)])
     outcomes = train(packed, TASK, CONFIG, [Member(0, 3e-3, []), Member(1, math.inf, [])],

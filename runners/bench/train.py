@@ -126,26 +126,24 @@ def measure(shape: Shape, attention: str, pack: int, steps: int, interval: int,
 
 
 def _measure_all(plan: dict) -> list[dict]:
-    """Every measurement of ``plan`` (shapes, attentions, packs, steps, interval, device), in
-    this process, with the device's matmul rate."""
+    """Every measurement of ``plan`` (its "todo": [shape, attention, pack] triples; steps,
+    interval, device), in this process, with the device's matmul rate."""
     import torch
 
     rate = matmul_rate(torch.device(plan["device"]))
     rows = []
-    for name in plan["shapes"]:
-        for attention in plan["attentions"]:
-            for pack in plan["packs"]:
-                row = {"shape": name, "attention": attention, "pack": pack}
-                try:
-                    row.update(measure(Shape(**plan["shape_of"][name]), attention, pack,
-                                       plan["steps"], plan["interval"], plan["device"]))
-                    row["fraction_of_matmul_rate"] = row["flops_per_s"] / rate
-                except Exception as exc:  # out of memory at a large pack, say: the row says so
-                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-                    if "out of memory" in str(exc).lower():
-                        torch.cuda.empty_cache()
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    for name, attention, pack in plan["todo"]:
+        row = {"shape": name, "attention": attention, "pack": pack}
+        try:
+            row.update(measure(Shape(**plan["shape_of"][name]), attention, pack,
+                               plan["steps"], plan["interval"], plan["device"]))
+            row["fraction_of_matmul_rate"] = row["flops_per_s"] / rate
+        except Exception as exc:  # out of memory at a large pack, say: the row says so
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            if "out of memory" in str(exc).lower():
+                torch.cuda.empty_cache()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
@@ -175,9 +173,9 @@ def _tree_of(revision: str, folder: Path) -> Path:
     return folder / "site"
 
 
-def run_engine(plan: dict, site: Path | None, echo) -> list[dict]:
+def run_engine(plan: dict, site: Path | None, echo, measured) -> list[dict]:
     """`_measure_all` in a fresh Python process, importing pathbench from ``site`` (None: this
-    installation); each row is echoed as it comes."""
+    installation); each row is echoed and handed to ``measured`` as it comes."""
     env = dict(os.environ)
     if site is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
@@ -188,6 +186,7 @@ def run_engine(plan: dict, site: Path | None, echo) -> list[dict]:
     rows = []
     for line in process.stdout:
         rows.append(json.loads(line))
+        measured(rows[-1])
         echo(f"  {rows[-1]['shape']} {rows[-1]['attention']} pack {rows[-1]['pack']}: "
              + (rows[-1].get("error") or f"{rows[-1]['run_steps_per_s']:,.0f} run-steps/s"))
     if process.wait():
@@ -196,19 +195,45 @@ def run_engine(plan: dict, site: Path | None, echo) -> list[dict]:
 
 
 def bench_train(shapes, attentions, packs, steps, interval, device, against, out, echo=print):
-    """Measure this tree's engine (and ``against``'s), print the table, write it as CSV."""
+    """Measure this tree's engine (and ``against``'s), print the table, write it as CSV.
+
+    With ``out``, each row is written as soon as it is measured, and the rows ``out`` already
+    holds (without an error) are kept and not measured again: a table too long for one sitting
+    is finished by running the same command again."""
     from pathbench.files import write_text_atomic
 
-    plan = {"shapes": shapes, "attentions": attentions, "packs": packs, "steps": steps,
-            "interval": interval, "device": device,
-            "shape_of": {name: asdict(SHAPES[name]) for name in shapes}}
+    wanted = [(name, attention, pack) for name in shapes for attention in attentions
+              for pack in packs]
+    engines = {"new": [], **({"old": []} if against else {})}
+    if out is not None and Path(out).exists():
+        for row in read_csv_rows(Path(out)):
+            if row["engine"] in engines and (row["shape"], row["attention"], row["pack"]) in \
+                    wanted and not row.get("error"):
+                engines[row.pop("engine")].append(row)
+
+    def measured(engine: str):
+        def keep(row: dict) -> None:
+            engines[engine].append(row)
+            if out is not None:
+                write_text_atomic(Path(out), csv_rows(engines))
+        return keep
+
     with tempfile.TemporaryDirectory() as folder:
         site = _tree_of(against, Path(folder)) if against else None  # fails before measuring
-        echo(f"this tree, {device}:")
-        engines = {"new": run_engine(plan, None, echo)}
-        if site is not None:
-            echo(f"{against}, {device}:")
-            engines["old"] = run_engine(plan, site, echo)
+        for engine, where in (("new", None), ("old", site)):
+            if engine not in engines:
+                continue
+            done = {(r["shape"], r["attention"], r["pack"]) for r in engines[engine]}
+            todo = [key for key in wanted if key not in done]
+            kept = f" ({len(done)} kept from {out})" if done else ""
+            echo(f"{'this tree' if where is None else against}, {device}{kept}:")
+            if todo:
+                plan = {"todo": todo, "steps": steps, "interval": interval, "device": device,
+                        "shape_of": {name: asdict(SHAPES[name]) for name in shapes}}
+                run_engine(plan, where, echo, measured(engine))
+    order = {key: number for number, key in enumerate(wanted)}
+    for rows in engines.values():
+        rows.sort(key=lambda r: order.get((r["shape"], r["attention"], r["pack"]), len(order)))
     table = render_table(engines)
     echo(table)
     if out is not None:
@@ -245,6 +270,17 @@ def render_table(engines: dict[str, list[dict]]) -> str:
             cells.append(f"{both[0] / both[1]:.2f}" if None not in both else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def read_csv_rows(path: Path) -> list[dict]:
+    """The rows `csv_rows` wrote: numbers as numbers, empty cells left out."""
+    import csv
+
+    with open(path, newline="") as file:
+        rows = list(csv.DictReader(file))
+    numbers = {"pack": int, **{column: float for column in COLUMNS}}
+    return [{key: numbers.get(key, str)(value) for key, value in row.items() if value != ""}
+            for row in rows]
 
 
 def csv_rows(engines: dict[str, list[dict]]) -> str:
