@@ -62,3 +62,20 @@ def test_bench_train_measures_the_checkout_in_a_folder(tmp_path, capsys):
     assert code == 0, stderr
     [line] = [line for line in stdout.splitlines() if line.startswith("| smoke |")]
     assert float(line.strip("|").split("|")[-1]) > 0  # the ratio of the two
+
+
+def test_bench_step_splits_a_step_by_kind_of_kernel(capsys):
+    from pathbench.runners.bench.step import kind_of
+
+    code, stdout, stderr = cli(capsys, "bench", "step", "--shape", "smoke", "--attention", "rope",
+                               "--pack", "2", "--steps", "3", "--device", "cpu")
+    assert code == 0, stderr
+    assert stdout.startswith("smoke, rope, pack 2, cpu: ") and "busy" in stdout
+    rows = [line.split(" | ") for line in stdout.splitlines()[3:]]
+    assert float(next(row[1] for row in rows if row[0] == "| matrix products")) > 0
+    assert kind_of("nvjet_sm90_tst_128x192") == kind_of("aten::bmm") == "matrix products"
+    assert kind_of("triton_poi_fused_gelu_view_11") == "fused elementwise (compiled)"
+    assert kind_of("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
+    assert kind_of("within_scan_kernel") == "attention"
+    code, _, stderr = cli(capsys, "bench", "step", "--shape", "huge", "--device", "cpu")
+    assert code == 2 and "unknown 'huge'" in stderr and "smoke" in stderr

@@ -86,6 +86,14 @@ def _names(known):
     return parse
 
 
+def _name(known):
+    def parse(ctx, param, value):
+        if value not in known():
+            raise click.BadParameter(f"unknown {value!r}; valid: {', '.join(known())}")
+        return value
+    return parse
+
+
 def _shape_names():
     from pathbench.runners.bench.train import SHAPES
 
@@ -129,3 +137,23 @@ def train(shapes, attentions, packs, steps, interval, device, against, out):
                         f"the time is read between two validation checks")
     bench_train(shapes, attentions, packs, steps, interval, resolve_device(device), against,
                 out, echo=click.echo)
+
+
+@bench.command("step")
+@click.option("--shape", default="a5-12-L4", show_default=True, callback=_name(_shape_names),
+              help="One of bench train's shapes.")
+@click.option("--attention", default="path", show_default=True,
+              callback=_name(_attention_names))
+@click.option("--pack", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1),
+              help="Steps timed, after compilation and capture.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True)
+def step(shape, attention, pack, steps, device):
+    """Where a training step's time goes: ms a step, the device's busy share of it, and the
+    busy time by kind of kernel (matrix products, attention, fused elementwise, ...)."""
+    from pathbench.runners.bench.step import bench_step
+    from pathbench.runners.training.config import resolve_device
+
+    bench_step(shape, attention, pack, resolve_device(device), steps, echo=click.echo)
+
