@@ -272,6 +272,27 @@ def test_backward_reuses_the_forward_block_algebra(monkeypatch, keep, calls):
     assert len(prepared) == calls
 
 
+@pytest.mark.parametrize("keep", [True, False])
+def test_more_batch_and_head_pairs_than_a_grid_takes_go_a_slice_at_a_time(monkeypatch, keep):
+    """Past CUDA's 65,535 programs in a grid's second dimension (here a limit of 5 pairs: a
+    batch of 3 x 2 heads goes as 2 + 1 sequences), each slice of the batch is its own launch,
+    and the results are those of one launch; also the reference's."""
+    settings = replace(DEFAULT_SETTINGS, keep_preprocessing=keep)
+    args = make_inputs(3, 21, 2, 16, True, True, seed=4)
+    dout = torch.randn(args[0].shape, device=DEV)
+    whole = grads(partial(path_attention_triton, settings=settings), args, dout)
+    launched = []
+    original = attention.prep_forward
+    monkeypatch.setattr(attention, "prep_forward", lambda *a: launched.append(a[0].shape[0])
+                        or original(*a))
+    monkeypatch.setattr(attention, "MAX_HEAD_PROGRAMS", 5)
+    sliced = grads(partial(path_attention_triton, settings=settings), args, dout)
+    assert launched == ([2, 1] if keep else [2, 1, 2, 1])  # forward, and backward again
+    for a, b in zip([whole[0], *whole[1]], [sliced[0], *sliced[1]]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    check_against_reference(args, settings=settings)
+
+
 def test_values_and_output_gradient_read_in_place_with_their_strides():
     """v and dO are read where they lie: v a slice of a wider tensor, dO with heads outermost
     (as the gradient of a transposed view comes), T not a block multiple."""

@@ -26,6 +26,30 @@ except ModuleNotFoundError as exc:  # triton is a dependency on Linux only
     HAVE_TRITON = False
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+# Every kernel gives the (batch, head) pairs the second dimension of its grid, which CUDA caps
+# at this; more pairs (a pack of 64 runs of 256 sequences and 4 heads has 65,536) are
+# computed a slice of the batch at a time.
+MAX_HEAD_PROGRAMS = 65535
+
+
+def _batch_slices(B: int, H: int) -> list[slice]:
+    step = max(1, MAX_HEAD_PROGRAMS // H)
+    return [slice(start, start + step) for start in range(0, B, step)]
+
+
+def _rows(x, rows: slice):
+    """x's batch rows ``rows`` (x a tensor, batch first, a tuple of such, or None)."""
+    if isinstance(x, tuple):
+        return tuple(_rows(item, rows) for item in x)
+    return None if x is None else x[rows]
+
+
+def _joined(parts: list):
+    """The slices' results put back together along the batch (tensors, tuples, None)."""
+    first = parts[0]
+    if isinstance(first, tuple):
+        return tuple(_joined(list(group)) for group in zip(*parts))
+    return None if first is None else torch.cat(parts)
 
 
 def _interpreting() -> bool:
@@ -81,6 +105,9 @@ def _forward(q, k, v, w, beta, log_fgate, scale, settings, keep=False):
     """(O, LSE, kept): O [B, H, T, D] in q's dtype, LSE [B, H, T] (float32, base 2); with keep,
     kept is the block-local results (Qt, Kt, M, SI, X) for the backward, else None."""
     B, T, H, D = q.shape
+    if B * H > MAX_HEAD_PROGRAMS:
+        return _joined([_forward(*_rows((q, k, v, w, beta, log_fgate), rows), scale, settings,
+                                 keep) for rows in _batch_slices(B, H)])
     dev = q.device
     sd = storage_dtype(q)
     has_hh, has_gate = w is not None, log_fgate is not None
@@ -153,6 +180,11 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, settings, ke
     kept: the forward's block-local results, used when its blocks were the backward's; their
     intra-block logits are overwritten with their gradient."""
     B, T, H, D = q.shape
+    if B * H > MAX_HEAD_PROGRAMS:
+        return _joined([
+            _backward(*_rows((q, k, v, w, beta, log_fgate), rows), scale,
+                      *_rows((O, LSE, grad_out), rows), settings, _rows(kept, rows))
+            for rows in _batch_slices(B, H)])
     dev = q.device
     sd = storage_dtype(q)
     has_hh, has_gate = w is not None, log_fgate is not None
