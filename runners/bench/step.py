@@ -20,12 +20,9 @@ import time
 
 import torch
 
-from pathbench.models import build_model, model_config
-from pathbench.models.pack import pack_models
-from pathbench.runners.bench.train import Shape
+from pathbench.runners.bench.train import Shape, build_pack
 from pathbench.runners.training.loop import TrainingData, TrainStep, lr_factors
 from pathbench.runners.training.optimizer import PackedAdamW
-from pathbench.tasks import make_task
 
 # Kernel (or CPU operator) names by kind, the first that matches; the rest is "other".
 KINDS = {
@@ -53,14 +50,8 @@ def profile_step(shape: Shape, attention: str, pack: int, device: str, steps: in
     from torch.profiler import ProfilerActivity, profile
 
     device = torch.device(device)
-    task = make_task(shape.task, shape.task_config)
-    models = []
-    for seed in range(pack):
-        torch.manual_seed(seed)
-        models.append(build_model(model_config({
-            "attention": attention, "layers": shape.layers, "heads": shape.heads,
-            "d_model": shape.d_model, "vocab_size": len(task.vocab)})))
-    model = (pack_models(models) if pack > 1 else models[0]).to(device).train()
+    task, _, model = build_pack(shape, attention, pack)
+    model.to(device).train()
     optimizer = PackedAdamW(model, [1e-4] * pack, 0.1, 1.0, member_axis=pack > 1)
     length = task.generate(1, 0, "val").inputs.shape[1]
     data = TrainingData(task, shape.batch, list(range(pack)), length, device)

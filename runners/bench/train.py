@@ -86,19 +86,15 @@ def flops_per_run_step(model, shape: Shape, length: int) -> float:
     return 6 * weights * tokens + 6 * shape.layers * shape.batch * length**2 * shape.d_model
 
 
-def measure(shape: Shape, attention: str, pack: int, steps: int, interval: int,
-            device: str) -> dict:
-    """Train a pack of ``pack`` runs for ``steps`` steps; run-steps a second from the time
-    between the first and last validation check, peak memory per run, arithmetic rate."""
+def build_pack(shape: Shape, attention: str, pack: int):
+    """(task, the ``pack`` models, seeded 0 onwards, and the model that trains them: their pack,
+    or the one model)."""
     import torch
 
     from pathbench.models import build_model, model_config
     from pathbench.models.pack import pack_models
-    from pathbench.runners.training.config import train_config
-    from pathbench.runners.training.loop import Member, train
     from pathbench.tasks import make_task
 
-    device = torch.device(device)
     task = make_task(shape.task, shape.task_config)
     models = []
     for seed in range(pack):
@@ -106,7 +102,20 @@ def measure(shape: Shape, attention: str, pack: int, steps: int, interval: int,
         models.append(build_model(model_config({
             "attention": attention, "layers": shape.layers, "heads": shape.heads,
             "d_model": shape.d_model, "vocab_size": len(task.vocab)})))
-    model = pack_models(models) if pack > 1 else models[0]
+    return task, models, pack_models(models) if pack > 1 else models[0]
+
+
+def measure(shape: Shape, attention: str, pack: int, steps: int, interval: int,
+            device: str) -> dict:
+    """Train a pack of ``pack`` runs for ``steps`` steps; run-steps a second from the time
+    between the first and last validation check, peak memory per run, arithmetic rate."""
+    import torch
+
+    from pathbench.runners.training.config import train_config
+    from pathbench.runners.training.loop import Member, train
+
+    device = torch.device(device)
+    task, models, model = build_pack(shape, attention, pack)
     settings = train_config({"steps": steps, "batch_size": shape.batch, "warmup": 0,
                              "eval_every": interval, "eval_num": 1, "early_stop": None})
     curves = [[] for _ in range(pack)]
