@@ -513,11 +513,14 @@ def test_results_warns_of_odd_records_and_says_why_runs_failed(tmp_path, capsys)
     left out; a failed run's reason is printed; a run without result.json is unfinished."""
     from pathbench.runners.training.config import resolve_run
 
-    def write(seed, status="ok", test=0.9, reason=None, result=True):
-        run = resolve_run("a5", options={"model": "path"}, seed=seed, device="cpu")
+    def write(seed, status="ok", test=0.9, reason=None, result=True, longer=False):
+        sets = {"task": {"eval_lengths": "16"}} if longer else None
+        run = resolve_run("a5", options={"model": "path"}, sets=sets, seed=seed, device="cpu")
         (tmp_path / run.run_id).mkdir()
         store.write_json_atomic(tmp_path / run.run_id / "config.json", run.config)
         metrics = {} if test is None else {"test": {"accuracy": test, "scored": 10}}
+        if longer:
+            metrics["test_16"] = {"accuracy": 0.5, "scored": 10}
         if result:
             store.write_json_atomic(tmp_path / run.run_id / "result.json", {
                 "run_id": run.run_id, "status": status, "reason": reason, "steps": 1,
@@ -531,6 +534,7 @@ def test_results_warns_of_odd_records_and_says_why_runs_failed(tmp_path, capsys)
     odd = write(2, status="finished")
     failed = write(3, status="failed", test=None, reason="RuntimeError: out of memory")
     unfinished = write(4, result=False)
+    write(0, longer=True)  # a split of its own cell: the other cells do not lack it
     code, stdout, stderr = cli(capsys, "results", tmp_path)
     assert code == 0
     lines = stderr.splitlines()
@@ -541,6 +545,7 @@ def test_results_warns_of_odd_records_and_says_why_runs_failed(tmp_path, capsys)
     assert any("1 runs under" in line and unfinished in line and "have not finished" in line
                for line in lines)
     assert all(line.startswith("pathbench: warning: ") for line in lines)
+    assert not any("test_16" in line for line in lines)
     assert f"- {failed}: failed: RuntimeError: out of memory" in stdout
     assert "0.9 ± nan" not in stdout and "3/3" not in stdout  # the NaN is not a value
 

@@ -146,9 +146,10 @@ def load_filtered(directory: Path, filters: dict, warn) -> pd.DataFrame:
 
 def missing_values(frame: pd.DataFrame) -> list[str]:
     """One line per finished run ("ok") whose primary metric is missing or NaN on a split that
-    other runs of its task report: such a value is left out of every mean and figure."""
+    other runs of its cell report (runs of other lengths have other splits): such a value is
+    left out of every mean and figure."""
     lines = []
-    for _, runs in frame.groupby("task", sort=True):
+    for _, runs in frame.groupby("cell", sort=True):
         splits = list(dict.fromkeys(s for split_list in runs["splits"] for s in split_list))
         for _, row in runs[runs["status"] == "ok"].iterrows():
             for split in [DECISION_SPLIT, *splits]:
