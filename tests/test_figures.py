@@ -53,8 +53,11 @@ def shown(figure) -> dict[str, dict]:
 
 
 def _record(config, val, test, baselines=None):
+    from pathbench.tasks import TASKS
+
     return {"run_id": config.run_id, "status": "ok", "reason": None, "steps": 1,
-            "primary_metric": "accuracy", "solved_threshold": 0.9,
+            "primary_metric": "accuracy",
+            "solved_threshold": TASKS.get(config.config["task"]["name"]).solved_threshold,
             "validation": {"accuracy": val}, "metrics": {"test": {"accuracy": test}},
             "baselines": {"test": baselines or {}}, "config": config.config,
             "provenance": {"wall_time_s": 0.1}}
@@ -138,10 +141,31 @@ def test_heads_and_layers_get_a_heatmap_per_model(tmp_path):
         ("heatmap", "flipflop (length 32, 500 steps): rope"),  # the registry's order
         ("heatmap", "flipflop (length 32, 500 steps): path")]
     figure, tables = render(load_frame(tmp_path))
-    assert "over layers x heads" in tables
+    assert "accuracy (test) over layers x heads" in tables  # flip-flop has no threshold
     rope, path = shown(figure).values()
     assert rope["heatmap"] == [[0.1, 0.2], [0.2, 0.4]]  # heads 1, 2 (rows) x layers 1, 2
     assert path["heatmap"] == [[0.15, 0.25], [0.25, 0.45]]
+
+
+def test_a_heatmap_of_a_task_with_a_threshold_shows_solve_rates(tmp_path):
+    """A5 (solved at 0.9): a cell's colour is the share of its seeds that solve it on test, its
+    label k/n; a cell that did not run stays blank."""
+    solving = {(1, 1): 0, (1, 2): 1, (2, 1): 2, (2, 2): 3}  # (layers, heads) -> seeds >= 0.9
+    for (layers, heads), count in solving.items():
+        if (layers, heads) == (1, 2):
+            continue  # did not run
+        for seed in range(3):
+            accuracy = 0.95 if seed < count else 0.5
+            _write(tmp_path, "a5", "path", layers, seed, accuracy, accuracy, heads=heads,
+                   sets=["task.length=16"])
+    figure, tables = render(load_frame(tmp_path))
+    [panel] = shown(figure).values()
+    assert panel["heatmap"] == [[0.0, round(2 / 3, 6)], [None, 1.0]]  # rows: heads 1, 2
+    labels = sorted(text.get_text() for text in figure.axes[0].texts)
+    assert labels == ["0/3", "2/3", "3/3"]
+    assert "solve rate over layers x heads (seeds at accuracy >= 0.9 on test)" in tables
+    assert "| 1 | 0.500 ± 0; 0/3 solved [0.00, 0.56] | 0.800 ± 0.26; 2/3 solved" in tables
+    assert "| 2 |  | 0.950 ± 0; 3/3 solved [0.44, 1.00] |" in tables
 
 
 def test_mqrar_panels_draw_baselines_that_vary_with_n(tmp_path):

@@ -61,7 +61,9 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
         for split in splits:
             values = _values(runs, f"{split}:{name}")
             row[split] = values.mean()
-            row[f"{split}_std"] = values.std(ddof=1)
+            # equal values: exactly 0, not the float residue that std's two passes leave
+            row[f"{split}_std"] = 0.0 if values.nunique() == 1 and len(values) > 1 \
+                else values.std(ddof=1)
             row[f"{split}_min"] = values.min()
             row[f"{split}_max"] = values.max()
             row[f"{split}_low"], row[f"{split}_high"] = _pooled_interval(runs, split, name)

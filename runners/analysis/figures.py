@@ -4,7 +4,8 @@ The panels follow from what varies among a task's runs, the first of ``LAYOUTS``
 
 - the layer count and the sequence length (word problems) -> the minimum depth that solves the
   task against length, a line per model, beside accuracy against layers at the longest length;
-- the layer count and the head count -> a heatmap of accuracy over layers x heads per model;
+- the layer count and the head count -> a heatmap over layers x heads per model: the solve
+  rate where the task has a threshold, otherwise accuracy;
 - the layer count -> accuracy against layers, a line per model;
 - otherwise one task setting (e.g. mqrar's n_back) -> accuracy against that setting;
 - otherwise -> a bar per model and test split (flip-flop's Table 1), showing the error in
@@ -338,26 +339,52 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
 
 
 def draw_heatmap(ax, panel: dict) -> str:
-    """One model's accuracy over layers x heads; a cell that did not run stays blank."""
+    """One model over layers x heads: where the task has a solved threshold, each cell's solve
+    rate (the seeds that reach it on the headline split, "k/n"), otherwise its mean metric. A
+    cell that did not run stays blank."""
     table = aggregate(panel["runs"])
     headline, metric = table["headline"].iloc[0], table["metric"].iloc[0]
-    grid = table.pivot_table(index="heads", columns="layers", values=headline)
-    image = ax.imshow(grid.values, origin="lower", vmin=0, vmax=1, cmap="viridis", aspect="auto")
-    for (i, j), value in np.ndenumerate(grid.values):
-        if not np.isnan(value):
-            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if value < 0.6 else "black")
-    ax.set_xticks(range(len(grid.columns)), [tidy(v) for v in grid.columns])
-    ax.set_yticks(range(len(grid.index)), [tidy(v) for v in grid.index])
+    threshold = table["solved_threshold"].dropna()
+    rates = len(threshold) > 0
+    if rates:
+        table["rate"] = table["solved_seeds"] / table["seeds"]
+        table["shown"] = [_cell_text(row[headline], row[f"{headline}_std"], row)
+                          for _, row in table.iterrows()]
+    values = table.pivot_table(index="heads", columns="layers",
+                               values="rate" if rates else headline)
+    image = ax.imshow(values.values, origin="lower", vmin=0, vmax=1, cmap="viridis",
+                      aspect="auto")
+    labels = (table.pivot(index="heads", columns="layers", values=["solved_seeds", "seeds"])
+              if rates else None)
+    for (i, j), value in np.ndenumerate(values.values):
+        if np.isnan(value):
+            continue
+        heads, layers = values.index[i], values.columns[j]
+        text = (f"{int(labels.loc[heads, ('solved_seeds', layers)])}/"
+                f"{int(labels.loc[heads, ('seeds', layers)])}" if rates else f"{value:.2f}")
+        ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                color="white" if value < 0.6 else "black")
+    ax.set_xticks(range(len(values.columns)), [tidy(v) for v in values.columns])
+    ax.set_yticks(range(len(values.index)), [tidy(v) for v in values.index])
     ax.set_xlabel("layers")
     ax.set_ylabel("heads")
-    ax.figure.colorbar(image, ax=ax, label=f"{metric} ({headline})")
-    shown = grid.copy()
-    shown.columns = [f"layers={tidy(v)}" for v in grid.columns]
-    shown = shown.reset_index().map(lambda v: "" if isinstance(v, float) and np.isnan(v)
-                                    else f"{v:.3f}" if isinstance(v, float) else v)
-    return (f"## {panel['title']}, {metric} ({headline}) over layers x heads\n\n"
-            f"{_spread_note(table)}\n\n{to_markdown(shown)}")
+    if rates:
+        line = f"{metric} >= {threshold.iloc[0]:g} on {headline}"
+        ax.figure.colorbar(image, ax=ax, label=f"solve rate ({line})")
+        shown = table.pivot(index="heads", columns="layers", values="shown")
+        title = f"solve rate over layers x heads (seeds at {line})"
+        note = ("Each cell: mean ± sd of the seeds' metric; the seeds that solved, and the 95% "
+                "Wilson interval of that rate.")
+    else:
+        ax.figure.colorbar(image, ax=ax, label=f"{metric} ({headline})")
+        shown = values.map(lambda v: "" if np.isnan(v) else f"{v:.3f}")
+        title = f"{metric} ({headline}) over layers x heads"
+        note = ""
+    shown = shown.copy()
+    shown.columns = [f"layers={tidy(v)}" for v in shown.columns]
+    shown = shown.reset_index().fillna("")
+    return (f"## {panel['title']}, {title}\n\n{_spread_note(table)} {note}".rstrip()
+            + f"\n\n{to_markdown(shown)}")
 
 
 def draw_bars(ax, panel: dict) -> str:
