@@ -4,6 +4,8 @@ one-line errors for bad input."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections import Counter
 import os
@@ -566,3 +568,30 @@ def test_data_that_break_the_contract_are_the_same_error_in_run_and_data(tmp_pat
         errors.append(stderr)
     assert errors[0] == errors[1] and "sample() returned arrays of float64" in errors[0]
     assert not any(tmp_path.iterdir())
+
+
+def test_where_keeps_the_runs_of_one_setting_and_names_the_valid_ones(tmp_path, capsys):
+    from pathbench.runners.training.config import resolve_run
+
+    for length in (8, 16):
+        for model in ("path", "rope"):
+            run = resolve_run("a5", options={"model": model},
+                              sets={"task": {"length": str(length)}}, device="cpu")
+            store.write_json_atomic(tmp_path / run.run_id / "result.json", {
+                "run_id": run.run_id, "status": "ok", "reason": None, "steps": 1,
+                "primary_metric": "accuracy", "solved_threshold": 0.9,
+                "validation": {"accuracy": 0.5},
+                "metrics": {"test": {"accuracy": length / 100}},
+                "config": run.config, "provenance": {"wall_time_s": 0.1}})
+    code, stdout, _ = cli(capsys, "results", tmp_path, "--where", "task.length=16",
+                          "--model", "path", "--format", "records")
+    assert code == 0
+    [row] = list(csv.DictReader(io.StringIO(stdout)))
+    assert (row["model"], row["task.length"], row["test:accuracy"]) == ("path", "16", "0.16")
+    for where, message in [
+            ("task.length=12", "--where task.length=12: no run has it; these runs have 8, 16"),
+            ("task.lenght=8", "--where: no setting task.lenght in these runs; they have "),
+            ("length=8", "--where expects task.KEY=VALUE")]:
+        code, _, stderr = cli(capsys, "results", tmp_path, "--where", where)
+        assert code == 2 and stderr.startswith(f"pathbench: error: {message}"), stderr
+        assert len(stderr.splitlines()) == 1

@@ -12,7 +12,12 @@ import pandas as pd
 
 from pathbench import UserError
 from pathbench.runners.training import store
-from pathbench.runners.training.config import DECISION_SPLIT, cell_key, parse_int_list
+from pathbench.runners.training.config import (
+    DECISION_SPLIT,
+    cell_key,
+    parse_int_list,
+    parse_sets,
+)
 
 LIST_COLUMNS = ("splits",)  # list-valued columns, written to a records table as JSON
 
@@ -104,8 +109,22 @@ def read_records(path: Path) -> pd.DataFrame:
     return frame.astype(object).where(frame.notna(), None).infer_objects()
 
 
+def _setting_text(value) -> str:
+    """A setting's value as a user writes it: 16 for 16.0 (a column with gaps reads as float),
+    "" for unset."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (list, tuple)):
+        return ",".join(_setting_text(item) for item in value)
+    return str(value)
+
+
 def apply_filters(frame: pd.DataFrame, *, task=None, model=None, layers=None, heads=None,
-                  status=None) -> pd.DataFrame:
+                  status=None, where=()) -> pd.DataFrame:
+    """The runs that pass every filter; ``where``: "SECTION.KEY=VALUE" items, each keeping the
+    runs whose setting has that value."""
     def names(text):
         return [part.strip() for part in text.split(",") if part.strip()]
 
@@ -119,6 +138,20 @@ def apply_filters(frame: pd.DataFrame, *, task=None, model=None, layers=None, he
         frame = frame[frame["heads"].isin(parse_int_list(heads, "--heads"))]
     if status:
         frame = frame[frame["status"].isin(names(status))]
+    for section, settings in parse_sets(where, "--where").items():
+        for name, value in settings.items():
+            column = f"{section}.{name}"
+            if column not in frame:
+                known = sorted(c for c in frame.columns
+                               if c.partition(".")[0] in ("task", "model", "train") and "." in c)
+                raise UserError(f"--where: no setting {column} in these runs; they have "
+                                f"{', '.join(known)}")
+            texts = frame[column].map(_setting_text)
+            if len(frame) and not (texts == value).any():
+                values = sorted(set(texts) - {""}, key=lambda text: (len(text), text))
+                raise UserError(f"--where {column}={value}: no run has it; these runs have "
+                                f"{', '.join(values)}")
+            frame = frame[texts == value]
     return frame
 
 

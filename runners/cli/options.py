@@ -48,6 +48,8 @@ def filter_options(command):
         click.option("--layers", default=None, help="Only these layer counts (1-6, 1,2)."),
         click.option("--heads", default=None, help="Only these head counts."),
         click.option("--status", default=None, help="Only runs with this status (ok, ...)."),
+        click.option("--where", multiple=True, metavar="SECTION.KEY=VALUE",
+                     help="Only runs with this setting, e.g. task.length=16 (repeatable)."),
     ]
     for option in reversed(options):
         command = option(command)

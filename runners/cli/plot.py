@@ -21,11 +21,11 @@ from pathbench.runners.training import store
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="Figure path; FILE.png, FILE.pdf and FILE.md (the tables) are written.")
 @filter_options
-def plot(directory, output, task, model, layers, heads, status):
+def plot(directory, output, task, model, layers, heads, status, where):
     """Draw paper-style figures of the runs under DIRECTORY (default results/runs)."""
     check_writable(output.parent, "the figure's folder")
     frame = load_filtered(directory, dict(task=task, model=model, layers=layers, heads=heads,
-                                           status=status), warn)
+                                           status=status, where=where), warn)
     written, tables = draw(frame, output)
     if tables:
         click.echo(tables)

@@ -29,14 +29,14 @@ def warn(message: str) -> None:
 @click.option("--all-lrs", is_flag=True, help="A row per learning rate instead of the best.")
 @click.option("--runs", "per_run", is_flag=True, help="A row per run, no aggregation.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
-def results(directory, task, model, layers, heads, status, metric, all_lrs, per_run, fmt):
+def results(directory, task, model, layers, heads, status, where, metric, all_lrs, per_run, fmt):
     """Print the results table of the runs under DIRECTORY (default results/runs).
 
     DIRECTORY may also be a tar archive of run directories (ARCHIVE/FOLDER: one folder of it)
     or a records table written by --format records (a .csv file).
     """
     frame = load_filtered(directory, dict(task=task, model=model, layers=layers, heads=heads,
-                                           status=status), warn)
+                                           status=status, where=where), warn)
     if metric is not None and not any(c.endswith(f":{metric}") for c in frame.columns):
         available = sorted({c.split(":", 1)[1] for c in frame.columns if ":" in c})
         raise UserError(f"no metric {metric!r} in these runs; available: {', '.join(available)}")

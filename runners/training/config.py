@@ -154,20 +154,21 @@ class Run:
 # --- option parsing -------------------------------------------------------------------------
 
 
-def parse_sets(items: Iterable[str]) -> dict[str, dict[str, str]]:
+def parse_sets(items: Iterable[str], option: str = "--set") -> dict[str, dict[str, str]]:
     """``["task.length=64", "train.lr=1e-3"]`` -> ``{"task": {"length": "64"}, ...}``; a key
-    given twice is an error (one value would be ignored)."""
+    given twice is an error (one value would be ignored). ``option`` names the option in
+    errors."""
     sets: dict[str, dict[str, str]] = {section: {} for section in SECTIONS}
     for item in items:
         key, sep, value = item.partition("=")
         section, dot, name = key.strip().partition(".")
         if not sep or not dot or section not in SECTIONS or not name or not value.strip():
             raise UserError(
-                f"--set expects task.KEY=VALUE, model.KEY=VALUE or train.KEY=VALUE, got {item!r}"
-            )
+                f"{option} expects task.KEY=VALUE, model.KEY=VALUE or train.KEY=VALUE, got "
+                f"{item!r}")
         if name in sets[section]:
-            raise UserError(f"--set {section}.{name} is given twice ({sets[section][name]} and "
-                            f"{value.strip()}); give it once")
+            raise UserError(f"{option} {section}.{name} is given twice ({sets[section][name]} "
+                            f"and {value.strip()}); give it once")
         sets[section][name] = value.strip()
     return sets
 
