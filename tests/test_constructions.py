@@ -97,3 +97,39 @@ def test_construct_refuses_tasks_without_a_construction_and_model_settings(capsy
                        "--set", "model.layers=3")
     assert code == 2 and err.count("\n") == 1 and "model.layers" in err
     assert not any(tmp_path.iterdir())
+
+
+def test_a_sweep_file_scores_its_constructions_once_beside_its_runs(capsys, tmp_path):
+    """A [[construct]] table: the dry run lists the construction as todo, the sweep scores it
+    with the same record `construct` writes, and the same command again finds it done."""
+    sweep_file = tmp_path / "grids.toml"
+    sets = '["train.eval_num=8", "train.eval_sizes=sparse:16", "task.eval_lengths=1024"]'
+    sweep_file.write_text(f'[[sweep]]\ntask = "flipflop"\nmodels = ["rope"]\nlayers = [1]\n'
+                          f'set = ["train.steps=2", "train.eval_num=8", '
+                          f'"train.eval_sizes=sparse:16"]\n\n'
+                          f'[[construct]]\ntask = "flipflop"\npreset = "cpu"\nset = {sets}\n')
+    out = tmp_path / "runs"
+    sweep = ("sweep", "--file", sweep_file, "--device", "cpu", "--out", out)
+    code, stdout, _ = cli(capsys, *sweep, "--dry-run")
+    assert code == 0
+    assert [line.split()[0] for line in stdout.splitlines()
+            if "construction" in line] == ["todo"]
+    code, stdout, stderr = cli(capsys, *sweep)
+    assert code == 0, stderr
+    assert "sweep finished: 2 ok; records" in stdout  # the trained run and the construction
+    code, _, _ = cli(capsys, "construct", "flipflop", "--device", "cpu", "--preset", "cpu",
+                     "--out", tmp_path / "alone", "--set", "train.eval_num=8",
+                     "--set", "train.eval_sizes=sparse:16", "--set", "task.eval_lengths=1024")
+    assert code == 0
+    [alone] = [path.name for path in (tmp_path / "alone").iterdir()]
+    assert (out / alone / "result.json").is_file()  # the same record, by the same name
+    code, stdout, _ = cli(capsys, *sweep)
+    assert "2 already done" in stdout
+    code, _, stderr = cli(capsys, "sweep", "--file", _bad(tmp_path), "--dry-run")
+    assert code == 2 and "a [[construct]] table has a task" in stderr
+
+
+def _bad(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[[sweep]]\ntask = "flipflop"\n\n[[construct]]\nmodels = ["path"]\n')
+    return path

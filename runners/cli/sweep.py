@@ -18,7 +18,12 @@ from pathbench.runners.sweep.grid import (
     load_sweep_file,
     parse_grid_options,
 )
-from pathbench.runners.sweep.orchestrate import GPU_LOST, run_grids, summary_line
+from pathbench.runners.sweep.orchestrate import (
+    GPU_LOST,
+    run_grids,
+    score_constructions,
+    summary_line,
+)
 from pathbench.runners.training.config import DEVICES
 
 
@@ -77,10 +82,12 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
                        grid=parse_grid_options(grid_options) or None,
                        until_solved=until_solved, max_seeds=max_seeds, max_steps=max_steps,
                        seeds=seeds, pack=pack)
+    constructions = []
     if sweep_file is not None:
         if task is not None:
             raise UserError("give either TASK or --file, not both")
         settings, grids = load_sweep_file(find_sweep_file(sweep_file))
+        constructions = settings["construct"]
         overrides = {key: value for key, value in grid_values.items()
                      if given("grid_options" if key == "grid" else key)}
         for grid in grids:
@@ -103,6 +110,8 @@ def sweep(ctx, task, models, layers, heads, lrs, seeds, grid_options, until_solv
 
     counts = run_grids(grids, out=out, device=device, workers=workers, executor=executor,
                        slurm_params=parse_slurm_params(slurm_options), dry_run=dry_run)
+    # models with set weights: scored by this process, on its --device
+    counts += score_constructions(constructions, out=out, device=device, dry_run=dry_run)
     if dry_run:
         return
     click.echo(f"sweep finished: {summary_line(counts) or 'nothing to do'}; records in {out}")

@@ -115,8 +115,19 @@ def _is_setting_key(key: str) -> bool:
     return bool(dot and name) and section in SECTIONS
 
 
-FILE_KEYS = {"include", "sweep", "out", "workers", "device", "executor"}
+@dataclass
+class ConstructionEntry:
+    """A model with set weights (``pathbench.models.constructions``) that a sweep scores beside
+    its trained runs: the task's construction under these evaluation settings."""
+
+    task: str
+    preset: str | None = None
+    sets: list[str] = field(default_factory=list)
+
+
+FILE_KEYS = {"include", "sweep", "construct", "out", "workers", "device", "executor"}
 TABLE_KEYS = {f.name for f in fields(Grid)} - {"sets"} | {"set"}
+CONSTRUCT_KEYS = {"task", "preset", "set"}
 
 
 def find_sweep_file(name: str) -> Path:
@@ -129,7 +140,8 @@ def find_sweep_file(name: str) -> Path:
 
 
 def load_sweep_file(path: Path, seen: tuple = ()) -> tuple[dict, list[Grid]]:
-    """(top-level settings, grids) of a sweep file and the files it includes."""
+    """(top-level settings, grids) of a sweep file and the files it includes; the settings'
+    "construct" lists the constructions ([[construct]] tables) of them all."""
     import tomllib
 
     path = Path(path).resolve()
@@ -157,19 +169,39 @@ def load_sweep_file(path: Path, seen: tuple = ()) -> tuple[dict, list[Grid]]:
             and all(isinstance(name, str) for name in data.get("include", []))):
         raise UserError(f"sweep file {path}: include must be a list of file names, got "
                         f"{data['include']!r}")
-    if not isinstance(data.get("sweep", []), list):
-        raise UserError(f"sweep file {path}: sweep must be [[sweep]] tables")
-    grids = []
+    for key in ("sweep", "construct"):
+        if not isinstance(data.get(key, []), list):
+            raise UserError(f"sweep file {path}: {key} must be [[{key}]] tables")
+    grids, constructions = [], []
     for included in data.get("include", []):
         included_settings, included_grids = load_sweep_file(path.parent / included,
                                                             (*seen, path))
+        constructions += included_settings.pop("construct")
         settings = {**included_settings, **settings}
         grids += included_grids
     for number, table in enumerate(data.get("sweep", []), start=1):
         grids.append(_grid_from_table(table, f"sweep file {path}, [[sweep]] #{number}"))
+    for number, table in enumerate(data.get("construct", []), start=1):
+        constructions.append(_construction_from_table(
+            table, f"sweep file {path}, [[construct]] #{number}"))
+    settings["construct"] = constructions
     if not grids:
         raise UserError(f"sweep file {path} defines no [[sweep]] table")
     return settings, grids
+
+
+def _construction_from_table(table: dict, where: str) -> ConstructionEntry:
+    if not isinstance(table, dict) or set(table) - CONSTRUCT_KEYS or "task" not in table:
+        raise UserError(f"{where}: a [[construct]] table has a task, and may have preset and "
+                        f"set; got {table!r}")
+    sets, preset = table.get("set", []), table.get("preset")
+    if not (isinstance(sets, list) and all(isinstance(item, str) for item in sets)):
+        raise UserError(f'{where}: set must be a list like ["task.eval_lengths=4096"], got '
+                        f"{sets!r}")
+    if preset is not None and preset not in PRESETS:
+        raise UserError(f"{where}: preset: unknown preset {preset!r}; valid choices: "
+                        f"{', '.join(PRESETS)}")
+    return ConstructionEntry(task=str(table["task"]), preset=preset, sets=sets)
 
 
 def _grid_from_table(table: dict, where: str) -> Grid:

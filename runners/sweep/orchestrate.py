@@ -28,7 +28,7 @@ from tqdm import tqdm
 from pathbench import UserError
 from pathbench.files import check_writable
 from pathbench.runners.sweep.executors import EXECUTORS, GPU_LOST
-from pathbench.runners.sweep.grid import Grid
+from pathbench.runners.sweep.grid import ConstructionEntry, Grid
 from pathbench.runners.sweep.schedule import Schedule, is_done
 from pathbench.runners.training.config import Run
 
@@ -43,6 +43,19 @@ def summary_line(counts: Counter) -> str:
     return ", ".join(f"{counts[key]} {key}" for key in order if counts[key])
 
 
+def dry_run_summary(planned: list[tuple[Grid, list[Run]]], marks: dict[str, str]) -> str:
+    """The work a dry run found, each run counted once: runs to train and their step caps
+    summed (an upper bound before early stops; seeds a depth search adds and longer budgets
+    come on top), runs skipped and done."""
+    runs = {run.run_id: run for _, grid_runs in planned for run in grid_runs}
+    todo = [run for name, run in runs.items() if marks[name] == "todo"]
+    counted = Counter(marks.values())
+    run_steps = sum(run.train.steps for run in todo)
+    return (f"dry run: {len(todo)} runs to train, {run_steps:,} run-steps at their step caps "
+            f"(early stops end runs sooner; seeds and longer budgets that depth searches add "
+            f"come on top), {counted['skip']} to skip, {counted['done']} done")
+
+
 def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, executor: str,
               slurm_params: dict, dry_run: bool = False) -> Counter:
     """Resolve every grid, skip finished runs, run the rest with the named executor (in packs
@@ -50,7 +63,8 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
     if workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")
     runner = EXECUTORS.get(executor)(workers, slurm_params)
-    device = runner.device(device)
+    # a dry run plans for a GPU from anywhere: it trains nothing
+    device = device if dry_run and device == "cuda" else runner.device(device)
     planned = [(grid, grid.runs(device)) for grid in grids]
     if not dry_run:
         check_writable(out)
@@ -62,8 +76,9 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
                      if is_done(out / run.run_id, set_aside=not dry_run)}
         done |= done_here
         counts["already done"] += len(done_here)
-        click.echo(f"sweep {grid.task}: {len(runs)} runs, {len(done_here)} already done",
-                   err=True)
+        settings = f" ({', '.join(grid.sets)})" if grid.sets else ""
+        click.echo(f"sweep {grid.task}{settings}: {len(runs)} runs, {len(done_here)} already "
+                   f"done", err=True)
     if dry_run:
         # what a run would do now: skip a deeper layer count already known to be unnecessary
         dropped: set[str] = set()
@@ -74,6 +89,7 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
             packs.append([run.run_id for run in pack])
             for run in pack:  # as if it had ended without a record
                 schedule.ended(run.run_id)
+        marks: dict[str, str] = {}
         for _, runs in planned:
             for run in runs:
                 name = run.run_id
@@ -81,8 +97,10 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
                 mark = "done" if name in done else "skip" if needless else "todo"
                 reason = "  (solved at fewer layers)" if mark == "skip" else ""
                 click.echo(f"{mark}  {name}{reason}")
+                marks[name] = mark
         for line in runner.plan(packs):
             click.echo(line)
+        click.echo(dry_run_summary(planned, marks), err=True)
         return counts
 
     bar = tqdm(total=total, initial=counts["already done"], desc="sweep", unit="run",
@@ -114,4 +132,37 @@ def run_grids(grids: list[Grid], *, out: Path, device: str, workers: int, execut
         bar.close()
     if stopped is not None:
         counts[stopped] += 1
+    return counts
+
+
+def score_constructions(entries: list[ConstructionEntry], *, out: Path, device: str,
+                        dry_run: bool = False) -> Counter:
+    """Score each construction a sweep file names (`pathbench construct`'s work) unless its
+    record exists; with ``dry_run``, list each as done or todo. Counts by outcome."""
+    from pathbench.runners.training.config import parse_sets, resolve_device
+    from pathbench.runners.training.construction import (  # imports torch
+        construction_for,
+        construction_run,
+        record_id,
+        score_construction,
+    )
+
+    counts: Counter = Counter()
+    device = device if dry_run and device == "cuda" else resolve_device(device)
+    for entry in entries:
+        construction = construction_for(entry.task)
+        run = construction_run(construction, parse_sets(entry.sets), device, entry.preset)
+        name = record_id(construction, run)
+        if is_done(out / name, set_aside=not dry_run):
+            counts["already done"] += 1
+            if dry_run:
+                click.echo(f"done  {name}")
+            continue
+        if dry_run:
+            click.echo(f"todo  {name}  (construction: scored, not trained)")
+            continue
+        click.echo(f"scoring {construction.name} on {entry.task} ({construction.claim})",
+                   err=True)
+        record = score_construction(construction, run, out)
+        counts[record["status"]] += 1
     return counts

@@ -51,12 +51,20 @@ def construction_run(construction: Construction, sets: dict, device: str,
                        sets=sets, device=device, preset=preset)
 
 
-def record_id(construction: Construction, config: dict) -> str:
+def record_id(construction: Construction, run: Run) -> str:
     """``flipflop-path_construction-L2-H2-D64-<digest>``: readable, unique per config."""
+    config = record_config(construction, run)
     model = config["model"]
     identity = {key: config[key] for key in ("task", "model", "train", "construction")}
     return (f"{construction.task}-{construction.name}-L{model['layers']}-H{model['heads']}"
             f"-D{model['d_model']}-{store.config_digest(identity)[:10]}")
+
+
+def record_config(construction: Construction, run: Run) -> dict:
+    """The config a construction's record carries: ``run``'s, with 0 training steps and the
+    construction's name."""
+    return {**run.config, "train": {**run.config["train"], "steps": 0},
+            "construction": construction.name}
 
 
 def score_construction(construction: Construction, run: Run, out: Path,
@@ -68,9 +76,8 @@ def score_construction(construction: Construction, run: Run, out: Path,
         raise ValueError(f"{construction.name}'s model is not the run's: "
                          f"{model.config} != {run.model}")
     device = torch.device(run.device)
-    config = {**run.config, "train": {**run.config["train"], "steps": 0},
-              "construction": construction.name}
-    run_dir = Path(out) / record_id(construction, config)
+    config = record_config(construction, run)
+    run_dir = Path(out) / record_id(construction, run)
     started, clock = datetime.now(timezone.utc), time.perf_counter()
     task = run.task
     splits = evaluation_splits(task, run.train)
