@@ -262,6 +262,10 @@ def test_corrupt_record_in_an_archive_is_skipped_with_a_warning_naming_it(tmp_pa
 def test_shipped_sweep_files_resolve():
     settings, grids = load_sweep_file(find_sweep_file("paper"))
     assert settings["out"] == "results/runs/paper"  # under the ignored runs folder, never results/paper
+    # the construction of Theorem A.1 beside Table 1, at 16,384 tokens too
+    [construction] = settings["construct"]
+    assert construction.task == "flipflop" and construction.preset == "paper"
+    assert construction.sets == ["task.eval_lengths=1024,4096,16384"]
     tasks = {grid.task for grid in grids}
     assert tasks == {"flipflop", "a5", "a4xz5", "z60", "mqrar"}
     flipflop = [grid for grid in grids if grid.task == "flipflop"]
@@ -279,21 +283,37 @@ def test_shipped_sweep_files_resolve():
     mqrar = next(grid for grid in grids if grid.task == "mqrar")
     n_back = {c.task.config["n_back"] for c in mqrar.runs("cuda")}
     assert n_back == {1, 2, 3, 4}
+    # long enough to pass the control (N = 1) or to show that a model does not: runs end on
+    # a plateau (patience), not at a step cap set by the budget
+    assert {(c.train.steps, c.train.patience) for c in mqrar.runs("cuda")} == {(5000, 5)}
     # Every grid searches a decade of learning rates; a cell's runs pack as --pack auto
     # decides, but MQRAR's, which fill the GPU alone.
     assert all(grid.lrs == [1e-4, 3e-4, 1e-3] for grid in grids)
     assert {grid.task: grid.pack for grid in grids} == {"flipflop": None, "a5": None,
                                                         "a4xz5": None, "z60": None, "mqrar": 1}
-    # A5's depth is searched at every length of the ladder, each length its own chain, and
-    # tested at twice that length; the controls at the ladder's ends.
+    # A5's depth is searched at every length of the ladder, shortest first, each length its
+    # own chain, tested at twice that length; both framings; the controls at 16 and 32. A
+    # split depth gets five seeds, a budget-limited one twice the steps.
     lengths = {}
     for grid in grids:
-        if grid.task in ("a5", "a4xz5", "z60"):
-            assert grid.until_solved and len(grid.seeds) >= 3 and grid.max_seeds == 5
+        if grid.task in ("a5", "a4xz5", "z60") and grid.until_solved:
+            assert len(grid.seeds) >= 3 and grid.max_seeds == 5 and grid.max_steps == 20000
             task = grid.runs("cuda")[0].task.config
             assert task["eval_lengths"] == (2 * task["length"],)
-            lengths.setdefault(grid.task, []).append(task["length"])
-    assert lengths == {"a5": [4, 8, 12], "a4xz5": [4, 12], "z60": [4, 12]}
+            lengths.setdefault((grid.task, task["words"]), []).append(task["length"])
+    assert lengths == {("a5", "elements"): [8, 12, 16, 24, 32], ("a5", "generators"): [16, 32],
+                       ("a4xz5", "elements"): [16, 32], ("z60", "elements"): [16, 32]}
+    # depth and heads: every cell of 1-4 layers x 1, 2, 4, 8 heads at length 16, trained as the
+    # ladder trains that length, so that its 4-head runs are the ladder's own
+    [heads] = [grid for grid in grids if grid.task == "a5" and grid.heads]
+    ladder_16 = next(grid for grid in grids if grid.until_solved
+                     and grid.runs("cuda")[0].task.config == {"length": 16, "words": "elements",
+                                                              "eval_lengths": (32,)})
+    assert heads.models == ["rope", "path"] and heads.heads == [1, 2, 4, 8]
+    assert heads.layers == [1, 2, 3, 4] and not heads.until_solved
+    shared = {run.run_id for run in heads.runs("cuda")} & {
+        run.run_id for run in ladder_16.runs("cuda")}
+    assert len(shared) == 2 * 4 * 3 * 3  # models x layers x lrs x seeds, at 4 heads
     for name in ("flipflop", "word_problems", "mqrar", "heads"):
         file_settings, _ = load_sweep_file(find_sweep_file(name))
         assert file_settings["out"].startswith("results/runs/")
@@ -316,9 +336,8 @@ def test_shipped_sweep_files_resolve():
         assert grid.lrs == [1e-4, 3e-4, 1e-3] and grid.seeds == [0, 1, 2]
     assert [grid.runs("cuda")[0].task.config.get("length") for grid in families] == [512, 16, 32]
     assert all(grid.until_solved and grid.max_seeds == 5 for grid in families[1:])
-    _, heads = load_sweep_file(find_sweep_file("heads"))
-    assert [(grid.task, grid.heads) for grid in heads] == [("flipflop", [1, 2, 4]), ("a5", [1, 2, 4])]
-    assert len(heads[1].runs("cuda")) == 3 * 4 * 3 * 3 * 3  # models x layers x heads x lrs x seeds
+    _, [heads] = load_sweep_file(find_sweep_file("heads"))
+    assert len(heads.runs("cuda")) == 2 * 4 * 4 * 3 * 3  # models x layers x heads x lrs x seeds
 
 
 def test_sweep_file_errors_name_the_problem(tmp_path):
@@ -400,6 +419,19 @@ def _dry_run(grid, out, capsys):
     run_grids([grid], out=out, device="cpu", workers=1, executor="local", slurm_params={},
               dry_run=True)
     return Counter(line.split()[0] for line in capsys.readouterr().out.splitlines())
+
+
+def test_a_dry_run_sums_the_work_to_do_once_per_run_and_plans_for_a_gpu_anywhere(tmp_path,
+                                                                                 capsys):
+    one = Grid(task="flipflop", models=["rope"], layers=[1, 2], steps=30)
+    both = Grid(task="flipflop", models=["rope"], layers=[2, 3], steps=30)  # shares layers 2
+    done = one.runs("cuda")[0]
+    store.write_json_atomic(tmp_path / done.run_id / "result.json", _fake_record(done, 0.5))
+    run_grids([one, both], out=tmp_path, device="cuda", workers=1, executor="local",
+              slurm_params={}, dry_run=True)
+    summary = capsys.readouterr().err.splitlines()[-1]
+    assert summary.startswith("dry run: 2 runs to train, 60 run-steps at their step caps")
+    assert summary.endswith("0 to skip, 1 done")
 
 
 def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path, capsys):
