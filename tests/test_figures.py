@@ -415,3 +415,31 @@ def test_word_problems_show_the_last_position_and_the_honest_floor(tmp_path, cap
     assert last["path"] == [(1, 0.03), (2, 0.91)]
     assert {y for _, y in last["chance"]} == {round(1 / 60, 6)}
     assert "copy first" not in last  # the floor of accuracy, not of the last position
+
+
+def test_every_legend_entry_lies_inside_the_figure():
+    """Six models, the baselines and the line styles' notes make a legend wider than a row of
+    three panels: it takes more rows rather than running off both edges."""
+    import tempfile
+
+    models = ("nope", "rope", "sba", "fox", "path", "path_fox")
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        for length in (8, 16):
+            for model in models:
+                for layers in (1, 2):
+                    _write(out, "a5", model, layers, 0, 0.95, 0.95 if layers == 2 else 0.3,
+                           sets=[f"task.length={length}", f"task.eval_lengths={2 * length}"],
+                           baselines={"chance": 1 / 60})
+        figure, _ = render(load_frame(out))
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()  # lays the figure out
+    renderer = canvas.get_renderer()
+    [legend] = figure.legends
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert set(models) <= set(labels) and len(labels) >= 10
+    for text in legend.get_texts():
+        box = text.get_window_extent(renderer)
+        assert 0 <= box.x0 and box.x1 <= figure.bbox.width, text.get_text()

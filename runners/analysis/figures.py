@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from pathbench.files import write_atomic, write_text_atomic
@@ -519,9 +520,14 @@ def render(frame: pd.DataFrame) -> tuple[Figure, str]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label, handle)
     legend = grouped_by_family(legend)
-    # about four entries fit under one panel's width
-    figure.legend(legend.values(), legend.keys(), loc="outside lower center",
-                  ncols=min(4 * columns, len(legend)), frameon=False, fontsize=8)
+    # as many entries to a row as the figure's width holds, measured: long labels take fewer
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    for ncols in range(len(legend), 0, -1):
+        box = figure.legend(legend.values(), legend.keys(), loc="outside lower center",
+                            ncols=ncols, frameon=False, fontsize=8)
+        if ncols == 1 or box.get_window_extent(renderer).width <= 0.98 * figure.bbox.width:
+            break
+        box.remove()
     return figure, "\n\n".join(texts)
 
 
