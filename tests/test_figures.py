@@ -443,3 +443,20 @@ def test_every_legend_entry_lies_inside_the_figure():
     for text in legend.get_texts():
         box = text.get_window_extent(renderer)
         assert 0 <= box.x0 and box.x1 <= figure.bbox.width, text.get_text()
+
+
+def test_lengths_that_span_a_factor_of_four_get_a_log_axis(tmp_path):
+    for length in (8, 16, 32):
+        for model in ("path", "rope"):
+            for layers in (1, 2):
+                _write(tmp_path, "a5", model, layers, 0, 0.95, 0.95 if layers == 2 else 0.3,
+                       sets=[f"task.length={length}"])
+    figure = render(load_frame(tmp_path))[0]
+    depth = figure.axes[0]
+    assert depth.get_xscale() == "log"
+    assert [tick.get_text() for tick in depth.get_xticklabels()] == ["8", "16", "32"]
+    points = shown(figure)[depth.get_title()]
+    # each model's points sit at the lengths, all moved by one small factor of its own
+    for model, factor in (("path", 2**(1 / 40)), ("rope", 2**(-1 / 40))):
+        assert [x for x, _ in points[model]] == pytest.approx([8 * factor, 16 * factor,
+                                                              32 * factor])

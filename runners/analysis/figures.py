@@ -302,10 +302,9 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
     models = model_order(minimum["model"])
     several_heads = minimum["heads"].nunique() > 1
     rows = []
-    # models a little apart along x, a fraction of the gap between neighbouring lengths
-    step = min(np.diff(xs)) if len(xs) > 1 else 1
+    logarithmic = _length_axis(ax, xs)
     for number, model in enumerate(models):
-        shifted = [x + 0.05 * step * (number - (len(models) - 1) / 2) for x in xs]
+        shifted = _apart(xs, number, len(models), logarithmic)
         for heads, cells in minimum[minimum["model"] == model].groupby("heads"):
             found = cells.iloc[0][lengths].tolist()
             loose = any_seed.loc[cells.index[0], lengths].tolist()
@@ -324,7 +323,7 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
     ax.scatter([], [], marker="^", s=24, facecolors="none", edgecolors="black",
                label="open triangle at N + 1/2: not solved up to N layers")
     ax.set_xlabel("length")
-    ax.set_xticks(xs)
+    ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_ylabel("minimum layers to solve")
     ax.set_yticks(range(1, deepest + 1))
     ax.set_ylim(0.5, deepest + 0.9)
@@ -455,15 +454,9 @@ def draw_generalisation(ax, panel: dict) -> str:
                                                      row.get(f"{split}_std", np.nan))
                              for n, split in points}})
     xs = sorted({x for _, segment, _ in segments for x in segment})
-    logarithmic = max(xs) / min(xs) > 4
-    if logarithmic:
-        ax.set_xscale("log", base=2)
-    # models a little apart along x (a twentieth of a doubling on a log axis, of the smallest
-    # gap between lengths on a linear one), so that equal values do not hide each other
-    gap = min(np.diff(xs), default=1)
+    logarithmic = _length_axis(ax, xs)
     for model, x, y in segments:
-        shift = (models.index(model) - (len(models) - 1) / 2) / 20
-        x = [n * 2**shift if logarithmic else n + shift * gap for n in x]
+        x = _apart(x, models.index(model), len(models), logarithmic, xs)
         ax.plot(x, y, marker="o", lw=1.5, ms=4, color=colour(model, models), label=model)
         # each segment starts at its training length: a square there says which it is
         ax.plot(x[:1], y[:1], marker="s", ms=6, ls="none", color=colour(model, models))
@@ -481,6 +474,24 @@ def draw_generalisation(ax, panel: dict) -> str:
     return (f"## {panel['title']}: {metric}{unit} against evaluation length\n\n"
             f"{_spread_note(table)} Each model at {layers}.\n\n"
             + to_markdown(frame.fillna("")))
+
+
+def _length_axis(ax, xs: list[int]) -> bool:
+    """A log2 axis for lengths that span a factor of four or more; whether it is one."""
+    logarithmic = max(xs) / min(xs) >= 4
+    if logarithmic:
+        ax.set_xscale("log", base=2)
+    return logarithmic
+
+
+def _apart(x: list[int], number: int, models: int, logarithmic: bool,
+           xs: list[int] | None = None) -> list[float]:
+    """Lengths ``x`` moved a little along the axis for the ``number``-th of ``models`` models,
+    so that equal values do not hide each other: a twentieth of a doubling on a log axis, of
+    the smallest gap between the lengths ``xs`` (default ``x``) on a linear one."""
+    shift = (number - (models - 1) / 2) / 20
+    gap = min(np.diff(sorted(xs or x)), default=1)
+    return [n * 2**shift if logarithmic else n + shift * gap for n in x]
 
 
 def _mean_sd(mean: float, sd: float) -> str:
