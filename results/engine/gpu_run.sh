@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The engine's measurements on one GPU (results/engine/README.md), from the repository root, in
+# commands of at most ten minutes each:
+#   OLD=DIR bash results/engine/gpu_run.sh start 560   # the first command
+#   bash results/engine/gpu_run.sh wait 590            # each later one, while the machine is held
+# DIR holds the engine before this one, unpacked (git archive c27954c | tar -x -C DIR).
+# `start` installs pathbench (and the old engine beside it) and starts the measurements in their
+# own process session, one after another:
+#   1. bench step: where a step's time goes, RoPE and PaTH at A5 length 12, 4 layers, pack 64;
+#   2. bench train, new and old side by side, the word-problem shape first (rows are written as
+#      they are measured and a row measured already is not measured again);
+#   3. the same small sweep (A5 at length 12, RoPE and PaTH, 3 and 4 layers, 2 learning rates x
+#      3 seeds, 10,000 steps: 24 runs) with the old engine, then the new, each timed.
+# `start` and `wait` follow them for their $2 seconds and then return what is done under $OUT:
+# step_*.txt, bench_train.csv, sweep_*.log, runs_*.tgz (records, no weights) and engine.log.
+# The state lives in LIVE, outside the working tree that each command copies over again; STATE,
+# when set, names a folder of files an earlier machine returned, which seeds it, so that the
+# measurements cut off with their machine go on where they stopped.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+mode=${1:?start or wait}
+budget=${2:-560}
+OUT=${OUT:?set OUT to the folder that receives the results}
+live=/tmp/engine
+log=$live/engine.log
+begin=$(date +%s)
+sweep_args=(a5 --models rope,path --layers 3,4 --lrs 1e-3,3e-4 --seeds 0-2 --steps 10000
+            --batch-size 256 --preset paper --set task.length=12 --set train.early_stop=0.95
+            --workers 4 --device cuda)
+
+measure() {  # the three measurements, each skipped once its file says it is done
+  cd "$1" || exit 5
+  for attention in rope path; do
+    [ -s $live/step_$attention.txt ] && continue
+    timeout 300 python3 -m pathbench.runners.cli bench step --shape a5-12-L4 \
+      --attention $attention --pack 64 >$live/step_$attention.txt.tmp 2>&1 &&
+      mv $live/step_$attention.txt.tmp $live/step_$attention.txt
+  done
+  for group in "a5-12-L4 rope,path 1,64" "a5-12-L4 nope,sba,fox,path_fox 64" \
+               "a5-12-L1,a5-12-L6,a5-32-L4 rope,path 1,64" "flipflop-L1 rope,path 1,16" \
+               "mqrar-2 rope,path 1,4"; do
+    set -- $group
+    python3 -m pathbench.runners.cli bench train --shapes "$1" --attentions "$2" --packs "$3" \
+      --steps 400 --interval 100 --against "$OLD_TREE" --out $live/bench_train.csv
+  done
+  for engine in old new; do
+    [ -f $live/sweep_$engine.done ] && continue
+    rm -rf $live/runs_$engine
+    local started=$(date +%s)
+    if [ $engine = old ]; then
+      (cd /tmp && PYTHONPATH=$live/old_site python3 -P -m pathbench.runners.cli sweep \
+        "${sweep_args[@]}" --pack 6 --out $live/runs_$engine)
+    else
+      python3 -m pathbench.runners.cli sweep "${sweep_args[@]}" --out $live/runs_$engine
+    fi >$live/sweep_$engine.log 2>&1 &&
+      echo "wall_s $(( $(date +%s) - started ))" >$live/sweep_$engine.done
+  done
+}
+
+if [ "$mode" = start ]; then
+  mkdir -p $live
+  [ -n "${STATE:-}" ] && [ -d "$STATE" ] && cp -a "$STATE"/. $live/
+  export OLD_TREE=$(cd "${OLD:?set OLD to the folder of the old engine}" && pwd)
+  python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 4
+  python3 -m pip install -q --no-deps --no-build-isolation --target $live/old_site \
+    "$OLD_TREE" >/dev/null 2>&1 || exit 4
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+    git log -1 --format='tree of commit %H' 2>/dev/null; date -u; } >>$log 2>&1
+  echo "== measurements start at $(date -u +%T)" >>$log
+  root=$(pwd)
+  setsid bash -c "$(declare -p live sweep_args; declare -f measure); measure '$root'
+                  echo \"== measurements end at \$(date -u +%T)\"" >>$log 2>&1 </dev/null &
+  sleep 5
+fi
+
+# follow the measurements until they end or this command's time is up
+while pgrep -f "bench (step|train)|cli sweep" >/dev/null; do
+  [ $(( $(date +%s) - begin )) -lt $(( budget - 25 )) ] || break
+  sleep 5
+done
+for name in step_rope.txt step_path.txt bench_train.csv sweep_old.log sweep_new.log \
+            sweep_old.done sweep_new.done engine.log; do
+  [ -f $live/$name ] && cp $live/$name "$OUT/"
+done
+for engine in old new; do
+  [ -d $live/runs_$engine ] && tar czf "$OUT/runs_$engine.tgz" --exclude=model.pt \
+    -C $live runs_$engine
+done
+tail -n 20 $log
