@@ -467,8 +467,12 @@ def test_until_solved_drops_deeper_runs_of_solved_models(tmp_path, capsys):
     table = aggregate(load_frame(tmp_path))
     assert set(table.loc[table["model"] == "path", "lr"]) == {3e-4}  # best over lrs
     assert len(solved_cells(load_frame(tmp_path))) == 1
-    minimum = min_layers_table(table).set_index("model")["min_layers"].to_dict()
-    assert minimum == {"path": "2", "rope": ">3"}
+    readings = min_layers_table(table).set_index("model")
+    assert readings["min_layers"].to_dict() == {"path": "2", "rope": ">3"}
+    # the solve rates behind them, with Wilson intervals: at the depth and one fewer, or at the
+    # deepest where none solved
+    assert readings["evidence"].to_dict() == {"path": "2: 2/2 [0.34, 1.00]; 1: 0/2 [0.00, 0.66]",
+                                              "rope": "3: 0/2 [0.00, 0.66]"}
 
 
 def test_scrambled_test_labels_change_no_decision(tmp_path, capsys):

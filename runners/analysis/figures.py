@@ -295,13 +295,14 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
     integer layer count. A model that solves a length at none of the depths it ran (">N") is an
     open triangle half a layer above its own deepest, N."""
     runs = panel["runs"]
-    minimum, any_seed = min_depth_by_length(runs).values()
+    readings = min_depth_by_length(runs)
+    minimum, any_seed = readings["min_layers"], readings["min_layers_any"]
     deepest = int(runs["layers"].max())
     lengths = [c for c in minimum.columns if c.startswith("length=")]
     xs = [int(c.split("=")[1]) for c in lengths]
     models = model_order(minimum["model"])
     several_heads = minimum["heads"].nunique() > 1
-    rows = []
+    rows, evidence = [], []
     logarithmic = _length_axis(ax, xs)
     for number, model in enumerate(models):
         shifted = _apart(xs, number, len(models), logarithmic)
@@ -319,6 +320,8 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
                        marker="^", s=24, facecolors="none", edgecolors=colour(model, models))
             rows.append({"model": label, **{length: f"{r} ({a})" for length, r, a
                                             in zip(lengths, found, loose)}})
+            evidence.append({"model": label,
+                             **readings["evidence"].loc[cells.index[0], lengths].to_dict()})
     ax.plot([], [], ls="--", lw=1.0, color="black", label="dashed: any seed solves")
     ax.scatter([], [], marker="^", s=24, facecolors="none", edgecolors="black",
                label="open triangle at N + 1/2: not solved up to N layers")
@@ -335,7 +338,12 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
             f"val picked (solid); in brackets, and dashed, where any seed is; >N: not solved up "
             f"to N layers (drawn open above the deepest); >N?: unresolved, some runs still "
             f"improving when their budget ended.\n\n")
-    return text + to_markdown(pd.DataFrame(rows))
+    text += to_markdown(pd.DataFrame(rows))
+    text += ("\n\nThe solve rates behind the first reading: seeds that solved out of those run, "
+             "with the 95% Wilson interval, at the fewest layers that solve reliably and at "
+             "one layer fewer (LAYERS: k/n [low, high]); where none does, at the deepest run."
+             "\n\n" + to_markdown(pd.DataFrame(evidence)))
+    return text
 
 
 def draw_heatmap(ax, panel: dict) -> str:

@@ -57,19 +57,33 @@ def min_layers_table(table: pd.DataFrame, settings: list[str] | None = None) -> 
             found = cells[cells[column] > 0]
             row[reading] = (str(int(found["layers"].min())) if len(found)
                             else f">{int(cells['layers'].max())}" + ("?" if cut_short else ""))
+        row["evidence"] = depth_evidence(cells, row["min_layers"])
         rows.append(row)
     rank = {name: i for i, name in enumerate(model_order(table["model"]))}
-    return pd.DataFrame(rows, columns=["task", "model", "heads", *settings, *READINGS]
+    return pd.DataFrame(rows, columns=["task", "model", "heads", *settings, *READINGS, "evidence"]
                         ).sort_values(["task", "model", "heads", *settings],
                                       key=lambda c: c.map(rank) if c.name == "model" else c,
                                       kind="stable").reset_index(drop=True)
 
 
+def depth_evidence(cells: pd.DataFrame, reading: str) -> str:
+    """The solve rates behind the fewest layers that solve reliably (``reading``: "3", ">6"),
+    each with its 95% Wilson interval: at that depth and at one layer fewer ("3: 3/3 [0.44,
+    1.00]; 2: 1/3 [0.06, 0.79]"), or at the deepest run where none did."""
+    depth = int(reading.lstrip(">").rstrip("?"))
+    by_layers = cells.set_index("layers")
+    shown = [depth, depth - 1] if reading.isdigit() else [depth]
+    return "; ".join(f"{layers}: {int(by_layers.loc[layers, 'solved_seeds'])}/"
+                     f"{int(by_layers.loc[layers, 'seeds'])} [{by_layers.loc[layers, 'solve_low']:.2f}, "
+                     f"{by_layers.loc[layers, 'solve_high']:.2f}]"
+                     for layers in shown if layers in by_layers.index)
+
+
 def min_depth_by_length(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Per task, model and head count, each reading of depth (`READINGS`, by name) at each
-    sequence length of the runs (a column "length=N" each; ">N": not up to N layers). Settings
-    that vary among the runs of one length (a step budget, say) are columns, so that a row
-    never mixes them."""
+    sequence length of the runs (a column "length=N" each; ">N": not up to N layers), and the
+    solve rates behind the first ("evidence", `depth_evidence`). Settings that vary among the
+    runs of one length (a step budget, say) are columns, so that a row never mixes them."""
     column = length_column(frame["task"].iloc[0]) if len(frame) else None
     lengths = frame[column] if column in frame else pd.Series(None, frame.index)
     groups = list(frame.groupby(lengths.fillna(-1), sort=True))
@@ -81,9 +95,9 @@ def min_depth_by_length(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
         table = min_layers_table(aggregate(group), settings)
         found += [{**row, "column": label} for row in table.to_dict("records")]
     if not found:
-        return {reading: pd.DataFrame() for reading in READINGS}
+        return {reading: pd.DataFrame() for reading in [*READINGS, "evidence"]}
     readings = {}
-    for reading in READINGS:
+    for reading in [*READINGS, "evidence"]:
         wide = pd.DataFrame(found).pivot(index=["task", "model", "heads", *settings],
                                          columns="column", values=reading)
         columns = sorted(wide.columns, key=lambda c: (len(c), c))  # length=8 before length=12
@@ -111,7 +125,8 @@ def fixed_settings(task: str, runs: pd.DataFrame) -> list[str]:
 
 def both_readings(frame: pd.DataFrame) -> pd.DataFrame:
     """`min_depth_by_length` with both readings in each cell: "reliably (any seed)"."""
-    reliable, any_seed = min_depth_by_length(frame).values()
+    readings = min_depth_by_length(frame)
+    reliable, any_seed = readings["min_layers"], readings["min_layers_any"]
     if reliable.empty:
         return reliable
     lengths = [c for c in reliable.columns if c.startswith("length=") or c == "min_layers"]
