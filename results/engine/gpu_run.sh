@@ -36,8 +36,9 @@ measure() {  # the three measurements, each skipped once its file says it is don
       --attention $attention --pack 64 >$live/step_$attention.txt.tmp 2>&1 &&
       mv $live/step_$attention.txt.tmp $live/step_$attention.txt
   done
-  for group in "a5-12-L4 rope,path 1,64" "a5-12-L4 nope,sba,fox,path_fox 64" \
-               "a5-12-L1,a5-12-L6,a5-32-L4 rope,path 1,64" "flipflop-L1 rope,path 1,16" \
+  # pack 9: a word-problem cell (3 learning rates x 3 seeds), what a sweep trains as one
+  for group in "a5-12-L4 rope,path 1,9,64" "a5-12-L4 nope,sba,fox,path_fox 9,64" \
+               "a5-12-L1,a5-12-L6,a5-32-L4 rope,path 9,64" "flipflop-L1 rope,path 1,9" \
                "mqrar-2 rope,path 1,4"; do
     set -- $group
     python3 -m pathbench.runners.cli bench train --shapes "$1" --attentions "$2" --packs "$3" \
