@@ -17,6 +17,21 @@ o_t = scale * S_t^T q_t (layout [B, T, H, D] as every kernel here).
 The loops are over tokens, each step a few small matmuls per head: cost O(T D^2) and memory
 O(T D^2) for autograd, fine at this benchmark's lengths on a CPU. Computed in float32 (float64
 for float64 inputs), returned in q's dtype.
+
+``delta_rule_chunked`` computes the delta rule a chunk of C steps at a time, each chunk a few
+batched matrix products and one triangular solve, the state carried only from chunk to chunk:
+a form whose kernels are large enough for a GPU, in torch alone. Within a chunk that starts
+from state S0, write Γ_t for the product of the gates up to step t, u_t for what step t adds
+(S_t = exp(g_t) S_{t-1} + k_t u_t^T) and D_ti = Γ_t / Γ_i for i <= t. Unrolling the recurrence,
+
+    S_t = Γ_t S0 + sum_{i<=t} D_ti k_i u_i^T,
+    u_t = beta_t (v_t - Γ_t S0^T k_t - sum_{i<t} D_ti (k_i . k_t) u_i),
+
+so the chunk's U [C, D_v] solves (I + diag(beta) strictly_lower(K K^T * D)) U =
+diag(beta) (V - diag(Γ) K S0), a unit lower-triangular system; the outputs are
+o_t = scale (Γ_t S0^T q_t + sum_{i<=t} D_ti (k_i . q_t) u_i), and the next chunk starts from
+Γ_C S0 + K^T diag(D_Ci) U. Several steps per token (DeltaProduct) are a sequence n times as
+long whose token t is read after its last step; a token's gate acts before its first step.
 """
 
 from __future__ import annotations
@@ -65,3 +80,47 @@ def rwkv7_recurrence(r, w, k, v, a, b, scale=1.0):
                  + torch.einsum("bhk,bhv->bhkv", k[:, t], v[:, t]))
         outputs.append(scale * torch.einsum("bhkv,bhk->bhv", state, r[:, t]))
     return torch.stack(outputs, dim=1).to(out_dtype)
+
+
+# Steps a chunk holds (rounded down to whole tokens): a C x C system per chunk and head
+CHUNK_STEPS = 64
+
+
+def delta_rule_chunked(q, k, v, beta, log_gate=None, scale=None, chunk_steps=CHUNK_STEPS):
+    """``delta_rule_recurrence``, the same arguments and result, computed a chunk of steps at a
+    time (the module's docstring derives it)."""
+    B, T, H, D = q.shape
+    steps = k.shape[2]
+    scale = D**-0.5 if scale is None else scale
+    out_dtype, dtype = q.dtype, compute_dtype(q.dtype)
+    # every step of every token in order, heads first: [B, H, T * steps, ...]
+    q = q.to(dtype).transpose(1, 2)  # [B, H, T, D]
+    k = k.to(dtype).permute(0, 3, 1, 2, 4).flatten(2, 3)
+    v = v.to(dtype).permute(0, 3, 1, 2, 4).flatten(2, 3)
+    beta = beta.to(dtype).permute(0, 3, 1, 2).flatten(2, 3)
+    log_gates = torch.zeros_like(beta)  # a token's gate at its first step, none at the others
+    if log_gate is not None:
+        log_gates.view(B, H, T, steps)[..., 0] = log_gate.to(dtype).transpose(1, 2)
+    tokens = max(1, chunk_steps // steps)  # tokens a chunk holds
+    state = q.new_zeros(B, H, D, v.shape[-1])
+    outputs = []
+    for first in range(0, T, tokens):
+        rows = slice(first * steps, min(T, first + tokens) * steps)
+        kc, vc, bc = k[:, :, rows], v[:, :, rows], beta[:, :, rows]
+        cumulative = log_gates[:, :, rows].cumsum(-1)  # log Γ_t
+        n = kc.shape[2]
+        later = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()  # i <= t
+        gaps = (cumulative[..., :, None] - cumulative[..., None, :]).masked_fill(~later, -torch.inf)
+        decay = gaps.exp()  # D_ti, 0 above the diagonal
+        system = torch.eye(n, dtype=dtype, device=q.device) + bc[..., None] * (
+            (kc @ kc.transpose(-1, -2)) * decay).tril(-1)
+        written = bc[..., None] * (vc - cumulative.exp()[..., None] * (kc @ state))
+        u = torch.linalg.solve_triangular(system, written, upper=False, unitriangular=True)
+        read = slice(steps - 1, n, steps)  # each token's last step
+        qc = q[:, :, first : first + tokens]
+        scores = (qc @ kc.transpose(-1, -2)) * decay[..., read, :]
+        outputs.append(scale * (cumulative[..., read].exp()[..., None] * (qc @ state)
+                                + scores @ u))
+        state = (cumulative[..., -1:].exp()[..., None] * state
+                 + kc.transpose(-1, -2) @ (decay[..., -1, :, None] * u))
+    return torch.cat(outputs, dim=2).transpose(1, 2).to(out_dtype)

@@ -51,8 +51,9 @@ class Attention(nn.Module):
     family = "attention"  # tables and figures group models by family: attention, recurrent
 
     @classmethod
-    def check_device(cls, name: str, device: str) -> None:
-        """Raise UserError if this mixer, registered as ``name``, cannot run on ``device``."""
+    def check_device(cls, config, device: str) -> None:
+        """Raise UserError if this mixer, as ``config`` (a ModelConfig) builds it, cannot run
+        on ``device``."""
 
     @classmethod
     def check_config(cls, config) -> None:

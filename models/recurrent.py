@@ -20,9 +20,11 @@ per head) and adds the small projections its recurrence reads from the layer inp
   block around the mixer is the benchmark's, for every mixer alike.
 
 On CUDA (backend "auto" or "fla") the recurrences run through fla-core's chunked operators
-(``pip install -e ".[fla]"``), in bfloat16; elsewhere through the plain recurrences of
-``pathbench.kernels.delta_rule``, their reference. Every parameter lives in a linear layer, so
-packs (``pathbench.models.pack``) take these mixers as they are.
+(``pip install -e ".[fla]"``), in bfloat16; elsewhere, and with backend "torch" on CUDA too,
+through ``pathbench.kernels.delta_rule``: the delta rule a chunk of steps at a time
+(``delta_rule_chunked``), RWKV-7 token by token, both tested against the plain recurrences.
+Every parameter lives in a linear layer, so packs (``pathbench.models.pack``) take these mixers
+as they are.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from torch import nn
 
 from pathbench import UserError
 from pathbench.kernels import compute_dtype
-from pathbench.kernels.delta_rule import delta_rule_recurrence, rwkv7_recurrence
+from pathbench.kernels.delta_rule import delta_rule_chunked, rwkv7_recurrence
 from pathbench.models.attention import ATTENTIONS, Attention
 
 FLA_INSTALL = 'pip install -e ".[fla]"'
@@ -54,10 +56,11 @@ class RecurrentMixer(Attention):
     backends = ("auto", "torch", "fla")
 
     @classmethod
-    def check_device(cls, name: str, device: str) -> None:
-        if device == "cuda" and not fla_installed():
-            raise UserError(f"{name} runs on a GPU through fla-core's fused operators, which "
-                            f"are not installed: {FLA_INSTALL}")
+    def check_device(cls, config, device: str) -> None:
+        if device == "cuda" and config.backend != "torch" and not fla_installed():
+            raise UserError(f"{config.attention} runs on a GPU through fla-core's fused "
+                            f"operators, which are not installed: {FLA_INSTALL} (or "
+                            f"model.backend=torch for pathbench's own, in torch)")
 
     @classmethod
     def check_config(cls, config) -> None:
@@ -106,7 +109,7 @@ class DeltaRuleMixer(RecurrentMixer):
         log_gate = F.logsigmoid(self.gate_proj(x).to(dtype)) if self.gated else None
         if self.implementation(q) == "fla":
             return outside_compile(_fla_delta_rule)(q, k, v, beta, log_gate).to(v.dtype)
-        return delta_rule_recurrence(q, k, v, beta, log_gate).to(v.dtype)
+        return delta_rule_chunked(q, k, v, beta, log_gate).to(v.dtype)
 
 
 @ATTENTIONS.register("deltanet")

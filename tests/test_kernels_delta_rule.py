@@ -1,8 +1,9 @@
 """The recurrent mixers' kernels (pathbench.kernels.delta_rule): the recurrences against brute
 force written from their definitions (every state as an explicit sum of products of D x D
-transition matrices), forward and gradients in float64; against fla-core's own plain
-references on the CPU (an independent oracle); and, on a GPU, fla-core's fused operators (the
-CUDA path of pathbench.models.recurrent) against the recurrences."""
+transition matrices), forward and gradients in float64; the chunked delta rule against the
+recurrence; against fla-core's own plain references on the CPU (an independent oracle); and,
+on a GPU, fla-core's fused operators (the CUDA path of pathbench.models.recurrent) and the
+chunked form against the recurrences."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pathbench.kernels.delta_rule import delta_rule_recurrence, rwkv7_recurrence
+from pathbench.kernels.delta_rule import (
+    delta_rule_chunked,
+    delta_rule_recurrence,
+    rwkv7_recurrence,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 B, T, H, D = 2, 6, 2, 4
@@ -108,6 +113,20 @@ def test_delta_rule_recurrence_is_its_definition(steps, gated):
         lambda *x: delta_rule_brute_force(*x, scale=0.7), inputs)
 
 
+@pytest.mark.parametrize("steps, gated, chunk_steps", [
+    (1, False, 4),  # chunks of 4 tokens, the last one shorter
+    (1, True, 2),
+    (3, False, 4),  # one token a chunk: its three steps
+    (2, True, 4),  # two tokens a chunk
+    (2, True, 64),  # the whole sequence in one chunk
+])
+def test_the_chunked_delta_rule_is_the_recurrence(steps, gated, chunk_steps):
+    inputs = delta_inputs(steps, gated, seed=torch.seed() % 2**31)
+    assert_same_forward_and_gradients(
+        lambda *x: delta_rule_chunked(*x, scale=0.7, chunk_steps=chunk_steps),
+        lambda *x: delta_rule_recurrence(*x, scale=0.7), inputs)
+
+
 def rwkv7_inputs(seed: int):
     g = torch.Generator().manual_seed(seed)
     r, k, v = (fresh(B, T, H, D, generator=g) for _ in range(3))
@@ -170,8 +189,9 @@ requires_cuda_and_fla = pytest.mark.skipif(
 @requires_cuda_and_fla
 @pytest.mark.parametrize("name", ["deltanet", "gated_deltanet", "deltaproduct", "rwkv7"])
 def test_fla_operators_match_the_recurrences_forward_and_backward(name):
-    """The mixer with backend fla (bfloat16) against the same weights on the torch recurrence
-    in float64: outputs and every parameter's gradient, within bfloat16's tolerance."""
+    """The mixer with backend fla (bfloat16) against the same weights on backend torch in
+    float64 (the chunked delta rule, itself tested against the recurrence above, or RWKV-7's
+    recurrence): outputs and every parameter's gradient, within bfloat16's tolerance."""
     pytest.importorskip("fla")
     from pathbench.models import ATTENTIONS, model_config
 
@@ -195,3 +215,30 @@ def test_fla_operators_match_the_recurrences_forward_and_backward(name):
         tolerance = 5e-2 * p_slow.grad.abs().max().item() + 1e-6
         torch.testing.assert_close(p_fast.grad.double(), p_slow.grad, rtol=0, atol=tolerance,
                                    msg=name_)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU "
+                                                          "machine)")
+@pytest.mark.parametrize("steps, gated", [(1, False), (1, True), (2, True)])
+def test_on_a_gpu_the_chunked_delta_rule_is_the_recurrence(steps, gated):
+    """backend torch's GPU path: the chunked form on CUDA in float32, at two chunks of 64 steps
+    and a part of a third, against the recurrence in float64 on the CPU, forward and
+    gradients."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    T = 80 * 2 // steps + 5
+    inputs = [fresh(2, T, 4, 32, generator=g),
+              fresh(2, T, steps, 4, 32, generator=g, unit=True),
+              fresh(2, T, steps, 4, 32, generator=g),
+              2 * torch.rand(2, T, steps, 4, generator=g, dtype=torch.float64),
+              F.logsigmoid(fresh(2, T, 4, generator=g)) if gated else None]
+    upstream = fresh(2, T, 4, 32, generator=g)
+    results = []
+    for fn, device, dtype in ((delta_rule_chunked, "cuda", torch.float32),
+                              (delta_rule_recurrence, "cpu", torch.float64)):
+        leaves = [None if x is None else x.to(device, dtype).requires_grad_() for x in inputs]
+        out = fn(*leaves)
+        used = [x for x in leaves if x is not None]
+        grads = torch.autograd.grad((out * upstream.to(device, dtype)).sum(), used)
+        results.append([t.detach().cpu().double() for t in (out, *grads)])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * want.abs().max().item())

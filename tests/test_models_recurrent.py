@@ -54,8 +54,12 @@ def test_on_a_gpu_without_fla_core_a_mixer_says_how_to_install_it(monkeypatch):
     with pytest.raises(UserError) as error:
         resolve_run("a5", options={"model": "deltanet"}, device="cuda")
     assert "\n" not in str(error.value) and 'pip install -e ".[fla]"' in str(error.value)
+    assert "model.backend=torch" in str(error.value)
     resolve_run("a5", options={"model": "path"}, device="cuda")  # attention needs no extra
     resolve_run("a5", options={"model": "deltanet"}, device="cpu")  # the CPU needs none
+    # nor pathbench's own torch form on the GPU
+    resolve_run("a5", options={"model": "deltanet"}, sets={"model": {"backend": "torch"}},
+                device="cuda")
 
 
 def test_a_sweep_packs_them_and_records_size_and_state(capsys, tmp_path):

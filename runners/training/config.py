@@ -283,7 +283,7 @@ def resolve_run(
     if "vocab_size" in model_values:
         raise UserError("model.vocab_size is set by the task's vocabulary and cannot be changed")
     model = model_config({**model_values, "vocab_size": len(task.vocab)})
-    ATTENTIONS.get(model.attention).check_device(model.attention, device)
+    ATTENTIONS.get(model.attention).check_device(model, device)
     if model.backend == "triton" and device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise UserError("model.backend 'triton' needs --device cuda (or TRITON_INTERPRET=1 for "
                         "Triton's CPU interpreter); valid choices on the CPU: auto, torch")
