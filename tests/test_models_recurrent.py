@@ -78,10 +78,18 @@ def test_a_figure_with_both_families_groups_its_legend(capsys, tmp_path):
     from pathbench.runners.analysis.figures import render
     from pathbench.runners.analysis.records import load_frame
 
-    code, _, err = cli(capsys, "sweep", "a5", "--models", "rope,deltanet,path", "--layers",
+    code, _, err = cli(capsys, "sweep", "a5", "--models", "rope,path", "--layers",
                        "1,2", "--set", "task.length=4", *TINY, "--out", tmp_path)
     assert code == 0, err
+    # the mixer on its own backend, as the families sweep runs it: a setting of the model, not
+    # a condition that splits the panels
+    code, _, err = cli(capsys, "sweep", "a5", "--models", "deltanet", "--layers", "1,2",
+                       "--set", "task.length=4", "--set", "model.backend=torch", *TINY,
+                       "--out", tmp_path)
+    assert code == 0, err
     figure, _ = render(load_frame(tmp_path))
+    assert [ax.get_title() for ax in figure.axes if ax.get_visible() and ax.get_title()][0] \
+        == "a5 (length 4, 4 steps)"
     labels = [text.get_text() for text in figure.legends[0].get_texts()]
     assert labels[:6] == ["attention:", "rope", "path", "recurrent:", "deltanet", labels[5]]
     assert labels[5] not in ("rope", "path", "deltanet")  # baselines and lines come after

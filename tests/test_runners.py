@@ -330,12 +330,20 @@ def test_shipped_sweep_files_resolve():
     # PaTH and RoPE beside the recurrent mixers: flip-flop, and A5 at lengths 16 and 32
     family_settings, families = load_sweep_file(find_sweep_file("families"))
     assert family_settings["out"].startswith("results/runs/")
+    # each experiment a table for the mixers, on pathbench's torch code, and one for PaTH and
+    # RoPE, with otherwise the same settings
+    mixers, attention = families[::2], families[1::2]
+    for grid in mixers:
+        assert grid.models == ["deltanet", "deltaproduct", "gated_deltanet", "rwkv7"]
+        assert {run.model.backend for run in grid.runs("cuda")} == {"torch"}
+    for grid in attention:
+        assert grid.models == ["path", "rope"]
     for grid in families:
-        assert grid.models == ["deltanet", "deltaproduct", "gated_deltanet", "rwkv7", "path",
-                               "rope"]
         assert grid.lrs == [1e-4, 3e-4, 1e-3] and grid.seeds == [0, 1, 2]
-    assert [grid.runs("cuda")[0].task.config.get("length") for grid in families] == [512, 16, 32]
-    assert all(grid.until_solved and grid.max_seeds == 5 for grid in families[1:])
+    for mixer, other in zip(mixers, attention):
+        assert [item for item in mixer.sets if item != "model.backend=torch"] == other.sets
+    assert [grid.runs("cuda")[0].task.config.get("length") for grid in attention] == [512, 16, 32]
+    assert all(grid.until_solved and grid.max_seeds == 5 for grid in families[2:])
     _, [heads] = load_sweep_file(find_sweep_file("heads"))
     assert len(heads.runs("cuda")) == 2 * 4 * 4 * 3 * 3  # models x layers x heads x lrs x seeds
 
@@ -879,9 +887,12 @@ def test_runs_end_when_val_stops_improving_and_say_whether_the_budget_cut_them(
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(),
                     reason="compiled steps and CUDA graphs need a CUDA GPU (run on the GPU machine)")
-@pytest.mark.parametrize("attention", ["nope", "rope", "sba", "fox", "path", "path_fox",
-                                       "deltanet", "rwkv7"])
-def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attention):
+@pytest.mark.parametrize("attention, backend", [
+    *((name, "auto") for name in ("nope", "rope", "sba", "fox", "path", "path_fox", "deltanet",
+                                  "rwkv7")),
+    # the recurrent mixers in pathbench's own torch code, without fla-core
+    *((name, "torch") for name in ("deltanet", "gated_deltanet", "deltaproduct", "rwkv7"))])
+def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attention, backend):
     import torch
 
     from pathbench.models import build_model, model_config
@@ -902,7 +913,7 @@ def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attenti
             torch.manual_seed(seed)
             models.append(build_model(model_config({
                 "attention": attention, "layers": 2, "heads": 2, "d_model": 64,
-                "vocab_size": len(task.vocab)})))
+                "vocab_size": len(task.vocab), "backend": backend})))
         model = pack_models(models).cuda()
         step = TrainStep(model, PackedAdamW(model, [3e-3, 1e-3], weight_decay=0.1,
                                             grad_clip=1.0, member_axis=True),

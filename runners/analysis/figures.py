@@ -120,8 +120,10 @@ def plan_panels(frame: pd.DataFrame) -> list[dict]:
     than the panel's axes and the model split a task into several panels."""
     panels = []
     for task, runs in frame.groupby("task", sort=True):
-        # longer test splits add columns, not a setting that splits panels
-        varying = [c for c in varying_config_columns(runs) if c != "task.eval_lengths"]
+        # longer test splits add columns, not a setting that splits panels; nor does a setting
+        # each model has one value of (model.backend, say): it tells the models apart
+        varying = [c for c in varying_config_columns(runs) if c != "task.eval_lengths"
+                   and runs.groupby("model")[c].agg(lambda v: v.astype(str).nunique()).max() > 1]
         if runs["d_model"].nunique() > 1:
             varying.append("d_model")
         task_keys = [c for c in varying if c.startswith("task.")]
