@@ -39,7 +39,8 @@ measure() {  # the three measurements, each skipped once its file says it is don
   # pack 9: a word-problem cell (3 learning rates x 3 seeds), what a sweep trains as one
   for group in "a5-12-L4 rope,path 1,9,64" "a5-12-L4 nope,sba,fox,path_fox 9,64" \
                "a5-12-L1,a5-12-L6,a5-32-L4 rope,path 9,64" "flipflop-L1 rope,path 1,9" \
-               "mqrar-2 rope,path 1,4"; do
+               "mqrar-2 rope,path 1,4" \
+               "flipflop-L2,a5-12-L2,a5-12-L3,a5-12-L5,a5-32-L1,a5-32-L2,a5-32-L3,a5-32-L5,a5-32-L6 rope,path 9"; do
     set -- $group
     python3 -m pathbench.runners.cli bench train --shapes "$1" --attentions "$2" --packs "$3" \
       --steps 400 --interval 100 --against "$OLD_TREE" --out $live/bench_train.csv

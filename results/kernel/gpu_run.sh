@@ -25,13 +25,18 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 } >"$OUT/setup.log" 2>&1
 cat "$OUT/setup.log"
 
-# correctness, side by side: the GPU tests (the Triton kernel, CUDA-graph training against eager
-# training, eager RoPE under graph capture) and the model check (one training step on the kernel
-# against the torch backend; 2,000 bf16 steps at heads of 32 and of 128); meanwhile the
+# correctness, side by side: the GPU tests (every test file with cases for a GPU: the Triton
+# kernel, CUDA-graph training against eager training, the device samplers, the recurrent mixers'
+# GPU paths; fla-core's cases after the others, in a process of their own, since a fault of
+# theirs leaves its process unable to use the GPU) and the model check (one training step on the
+# kernel against the torch backend; 2,000 bf16 steps at heads of 32 and of 128); meanwhile the
 # benchmark's kernels are compiled, so that it spends its time timing
-timeout 330 python3 -m pytest tests/test_triton.py tests/test_runners.py \
-  tests/test_kernels_torch.py::test_eager_rope_can_be_captured_in_a_cuda_graph -q -n 6 \
-  -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1 &
+gpu_tests="tests/test_triton.py tests/test_kernels_torch.py tests/test_runners.py
+  tests/test_runners_training.py tests/test_kernels_delta_rule.py tests/test_tasks_device.py"
+fla_cases="fla_operators or deltanet-auto or rwkv7-auto"
+( timeout 270 python3 -m pytest $gpu_tests -v -n 6 -p no:cacheprovider -k "not ($fla_cases)"
+  timeout 60 python3 -m pytest $gpu_tests -v -p no:cacheprovider -k "$fla_cases"
+) >"$OUT/gpu_tests.log" 2>&1 &
 tests=$!
 timeout 330 python3 -m pathbench.runners.bench.gpu_check >"$OUT/check.log" 2>&1 &
 check=$!
