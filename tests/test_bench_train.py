@@ -74,6 +74,7 @@ def test_bench_step_splits_a_step_by_kind_of_kernel(capsys):
     rows = [line.split(" | ") for line in stdout.splitlines()[3:]]
     assert float(next(row[1] for row in rows if row[0] == "| matrix products")) > 0
     assert kind_of("nvjet_sm90_tst_128x192") == kind_of("aten::bmm") == "matrix products"
+    assert kind_of("gemv2T_kernel_val") == kind_of("gemmSN_TN_kernel") == "matrix products"
     assert kind_of("triton_poi_fused_gelu_view_11") == "fused elementwise (compiled)"
     assert kind_of("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
     assert kind_of("within_scan_kernel") == "attention"

@@ -26,7 +26,7 @@ from pathbench.runners.training.optimizer import PackedAdamW
 
 # Kernel (or CPU operator) names by kind, the first that matches; the rest is "other".
 KINDS = {
-    "matrix products": r"gemm|nvjet|cutlass|xmma|aten::(mm|bmm|addmm|baddbmm|matmul)\b",
+    "matrix products": r"gemm|gemv|splitK|nvjet|cutlass|xmma|aten::(mm|bmm|addmm|baddbmm|matmul)\b",
     # torch's fused attention; the Triton PaTH kernel's stages
     "attention": r"sdpa|flash|fmha|attention|scan_kernel|(prep|edges)_(fwd|bwd)_kernel",
     "fused elementwise (compiled)": r"^triton_",
