@@ -73,6 +73,9 @@ def test_bench_step_splits_a_step_by_kind_of_kernel(capsys):
     assert stdout.startswith("smoke, rope, pack 2, cpu: ") and "busy" in stdout
     rows = [line.split(" | ") for line in stdout.splitlines()[3:]]
     assert float(next(row[1] for row in rows if row[0] == "| matrix products")) > 0
+    # and the longest operators by name, with their calls a step
+    assert "operator calls a step; the 12 longest operators:" in stdout
+    assert "| `aten::bmm` | matrix products | " in stdout
     assert kind_of("nvjet_sm90_tst_128x192") == kind_of("aten::bmm") == "matrix products"
     assert kind_of("gemv2T_kernel_val") == kind_of("gemmSN_TN_kernel") == "matrix products"
     assert kind_of("triton_poi_fused_gelu_view_11") == "fused elementwise (compiled)"

@@ -6,7 +6,8 @@ of `pathbench bench train`'s shapes. Three readings:
 - the step as training takes it (refills included), per step, after compilation and capture;
 - the device's busy time per step: the kernels of one step under torch.profiler, summed;
 - that busy time by kind of kernel: matrix products, attention, fused elementwise (compiled),
-  other elementwise and reductions, copies.
+  other elementwise and reductions, copies; the number of kernel launches a step, and the
+  longest kernels by name.
 
 Step time well above the busy time means the device waits for the host (launches, reads);
 busy time dominated by elementwise kernels means memory traffic, by matrix products arithmetic.
@@ -33,6 +34,9 @@ KINDS = {
     "copies": r"copy|memcpy|memset|aten::(cat|stack|clone|index)",
     "other elementwise and reductions": r"elementwise|reduce|vectorized|aten::",
 }
+
+
+TOP_KERNELS = 12  # the longest kernels listed by name
 
 
 def kind_of(name: str) -> str:
@@ -81,12 +85,16 @@ def profile_step(shape: Shape, attention: str, pack: int, device: str, steps: in
     step.read_losses()
     data.close()
     by_kind = dict.fromkeys([*KINDS, "other"], 0.0)
+    kernels = []  # (ms, name, launches) of each kernel (or CPU operator) name
     for event in profiler.key_averages():
         busy = event.self_device_time_total if cuda else event.self_cpu_time_total
         if busy > 0 and not event.key.startswith(("cuda", "Profiler")):
             by_kind[kind_of(event.key)] += busy / 1e3
+            kernels.append((busy / 1e3, event.key, event.count))
     return {"ms_per_step": ms_step, "busy_ms_per_step": sum(by_kind.values()),
-            "run_steps_per_s": pack * 1e3 / ms_step, "by_kind": by_kind}
+            "run_steps_per_s": pack * 1e3 / ms_step, "by_kind": by_kind,
+            "launches": sum(count for _, _, count in kernels),
+            "longest": sorted(kernels, reverse=True)[:TOP_KERNELS]}
 
 
 def bench_step(shape_name: str, attention: str, pack: int, device: str, steps: int,
@@ -102,4 +110,10 @@ def bench_step(shape_name: str, attention: str, pack: int, device: str, steps: i
     echo("| kernels | ms a step | share of busy |\n| --- | --- | --- |")
     for kind, ms in sorted(found["by_kind"].items(), key=lambda item: -item[1]):
         echo(f"| {kind} | {ms:.3f} | {100 * ms / busy if busy else 0:.0f}% |")
+    what = "kernel" if device == "cuda" else "operator"  # a CPU profile lists operators
+    echo(f"\n{found['launches']:,} {what} calls a step; the {TOP_KERNELS} longest {what}s:\n")
+    echo(f"| {what} | kind | calls | ms a step |\n| --- | --- | --- | --- |")
+    for ms, name, count in found["longest"]:
+        shown = name if len(name) <= 90 else name[:87] + "..."
+        echo(f"| `{shown}` | {kind_of(name)} | {count} | {ms:.3f} |")
     return found
