@@ -616,6 +616,27 @@ def test_a_depth_whose_seeds_disagree_gets_more_seeds_before_the_search_goes_on(
         Grid(task="a5", seeds=[0, 1, 2], until_solved=True, max_seeds=2).runs("cpu")
 
 
+@pytest.mark.parametrize("later, solved", [((3, 4), True), ((3,), False)])
+def test_two_seeds_of_three_are_near_the_line_and_get_more_seeds_too(tmp_path, later, solved):
+    """Two of three seeds solve at 1 layer: solved by the rule, but the rate's interval is
+    [0.21, 0.94], so max_seeds 5 adds seeds 3 and 4 before the verdict. With both solving
+    (four of five) the search stops; with one (three of five) it goes on to 2 layers. With
+    five seeds the verdict stands whatever they say."""
+    grid = Grid(task="a5", models=["path"], layers=[1, 2], lrs=[1e-3], seeds=[0, 1, 2],
+                sets=["task.length=8"], until_solved=True, max_seeds=5)
+    trained = []
+    schedule = Schedule([(grid, grid.runs("cpu"))], tmp_path, lambda runs: None)
+    while (pack := schedule.next_pack()) is not None:
+        for run in pack:
+            trained.append((run.model.layers, run.seed))
+            solves = run.model.layers == 2 or run.seed in (0, 1, *later)
+            store.write_json_atomic(tmp_path / run.run_id / "result.json",
+                                    _fake_record(run, 0.95 if solves else 0.5))
+            schedule.ended(run.run_id)
+    deeper = [] if solved else [(2, 0), (2, 1), (2, 2)]
+    assert sorted(trained) == [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4), *deeper]
+
+
 def test_a_depth_cut_short_by_its_budget_trains_again_longer_before_the_search_goes_on(
         tmp_path):
     """max_steps 400: path at 1 layer ends its 100 steps still improving and unsolved, so it

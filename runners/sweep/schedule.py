@@ -5,8 +5,9 @@ Runs go out in packs (runs that differ only in seed and learning rate, trained a
 model's deeper layer counts once it has solved the task (two thirds of the seeds at the
 learning rate val picked reach the task's solved threshold on val), which is what a
 min-layers-to-solve table needs and no more. With ``--max-seeds N``, a depth whose seeds
-disagree on val (some solve, some do not) first gets more seeds, up to N in all, and is judged
-again on all of them: a split of three seeds is the case a solve rate resolves least. With
+disagree on val (some solve, some do not: one of three, or two of three, which counts as
+solved) first gets more seeds, up to N in all, and is judged again on all of them: a split of
+three seeds is the case a solve rate resolves least. With
 ``--max-steps S``, a depth that val does not call solved while some of its runs were still
 improving at their step cap (budget-limited) trains again with twice the steps, up to S, and is
 judged on the longer runs; deeper layer counts start again from the grid's budget.
@@ -96,7 +97,7 @@ class Schedule:
         the last one where the search extends it), or drop the rest if solved."""
         while chain.steps or chain.last is not None:
             if chain.last is not None and chain.grid.until_solved:
-                verdict = self._verdict(chain.last)
+                verdict = self._verdict(chain.last, chain.grid)
                 if verdict == "solved":
                     self.drop([run for step in chain.steps for run in step
                                if run.run_id not in self.handed_out
@@ -133,11 +134,12 @@ class Schedule:
     def _done(self, run: dict) -> bool:
         return is_done(self.out / run.run_id, set_aside=not self.dry_run)
 
-    def _verdict(self, step: list[Run]) -> str:
-        """What val says of a depth's runs: "solved" (two thirds of the seeds at the picked
-        learning rate), "split" (some of those seeds solve, not enough), "budget-limited" (not
-        solved, with some of those runs still improving at their step cap), or "not
-        solved"."""
+    def _verdict(self, step: list[Run], grid: Grid) -> str:
+        """What val says of a depth's runs: "split" (some of the seeds at the picked learning
+        rate solve and some do not: too few for two thirds, or two thirds short of the grid's
+        max_seeds, near the line either way), "solved" (two thirds of those seeds),
+        "budget-limited" (not solved, with some of those runs still improving at their step
+        cap), or "not solved"."""
         import pandas as pd  # only when asked
 
         from pathbench.runners.analysis.cells import aggregate
@@ -151,9 +153,11 @@ class Schedule:
         if rows.empty:
             return "not solved"
         row = rows.iloc[0]
-        if row["val_solved"]:
+        disagree = 0 < row["val_solved_seeds"] < row["seeds"]
+        if row["val_solved"] and not (disagree and grid.max_seeds
+                                      and more_seeds(step, grid.max_seeds)):
             return "solved"
-        if 0 < row["val_solved_seeds"] < row["seeds"]:
+        if disagree:
             return "split"
         cut_short = pd.notna(row["budget_limited"]) and row["budget_limited"] > 0
         return "budget-limited" if cut_short else "not solved"
