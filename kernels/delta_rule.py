@@ -16,7 +16,8 @@ o_t = scale * S_t^T q_t (layout [B, T, H, D] as every kernel here).
 
 The loops are over tokens, each step a few small matmuls per head: cost O(T D^2) and memory
 O(T D^2) for autograd, fine at this benchmark's lengths on a CPU. Computed in float32 (float64
-for float64 inputs), returned in q's dtype.
+for float64 inputs) whatever autocast says, returned in q's dtype: bfloat16 operands would
+round the state, which every later token reads.
 
 ``delta_rule_chunked`` computes the delta rule a chunk of C steps at a time, each chunk a few
 batched matrix products and one triangular solve, the state carried only from chunk to chunk:
@@ -36,11 +37,24 @@ long whose token t is read after its last step; a token's gate acts before its f
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from pathbench.kernels.softmax import compute_dtype
 
 
+def _without_autocast(fn):
+    """``fn`` with autocast off on its first argument's device: its products in the dtype it
+    computes in."""
+    @functools.wraps(fn)
+    def wrapped(first, *args, **kwargs):
+        with torch.autocast(first.device.type, enabled=False):
+            return fn(first, *args, **kwargs)
+    return wrapped
+
+
+@_without_autocast
 def delta_rule_recurrence(q, k, v, beta, log_gate=None, scale=None):
     """The (gated, multi-step) delta rule, [B, T, H, D] out.
 
@@ -65,6 +79,7 @@ def delta_rule_recurrence(q, k, v, beta, log_gate=None, scale=None):
     return torch.stack(outputs, dim=1).to(out_dtype)
 
 
+@_without_autocast
 def rwkv7_recurrence(r, w, k, v, a, b, scale=1.0):
     """RWKV-7's state update, [B, T, H, D] out: r (the query), w (log decay, < 0), k, a, b
     [B, T, H, D_k] and v [B, T, H, D_v]."""
@@ -86,6 +101,7 @@ def rwkv7_recurrence(r, w, k, v, a, b, scale=1.0):
 CHUNK_STEPS = 64
 
 
+@_without_autocast
 def delta_rule_chunked(q, k, v, beta, log_gate=None, scale=None, chunk_steps=CHUNK_STEPS):
     """``delta_rule_recurrence``, the same arguments and result, computed a chunk of steps at a
     time (the module's docstring derives it)."""

@@ -242,3 +242,14 @@ def test_on_a_gpu_the_chunked_delta_rule_is_the_recurrence(steps, gated):
         results.append([t.detach().cpu().double() for t in (out, *grads)])
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * want.abs().max().item())
+
+
+def test_the_torch_forms_compute_in_float32_whatever_autocast_says():
+    """Under bfloat16 autocast (as training on a GPU runs), the chunked delta rule and RWKV-7's
+    recurrence give exactly what they give without it, from float32 inputs."""
+    delta = [x if x is None else x.float() for x in delta_inputs(2, True, seed=3)]
+    rwkv = [x.float() for x in rwkv7_inputs(seed=4)]
+    for fn, inputs in ((delta_rule_chunked, delta), (rwkv7_recurrence, rwkv)):
+        plain = fn(*inputs)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(fn(*inputs), plain), fn.__name__
