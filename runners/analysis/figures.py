@@ -48,6 +48,7 @@ from pathbench.runners.analysis.tables import (
     min_depth_by_length,
     min_layers_table,
     model_order,
+    solve_rate_text,
     tidy,
     to_markdown,
 )
@@ -286,8 +287,7 @@ def _cell_text(mean: float, sd: float, solves=None) -> str:
     text = f"{mean:.3f}" if np.isnan(sd) else f"{mean:.3f} ± {sd:.2g}"
     if solves is None or np.isnan(solves["seeds"]):
         return text
-    return (f"{text}; {int(solves['solved_seeds'])}/{int(solves['seeds'])} solved "
-            f"[{solves['solve_low']:.2f}, {solves['solve_high']:.2f}]")
+    return f"{text}; {solve_rate_text(solves, ' solved')}"
 
 
 def draw_depth_vs_length(ax, panel: dict) -> str:

@@ -66,6 +66,13 @@ def min_layers_table(table: pd.DataFrame, settings: list[str] | None = None) -> 
                                       kind="stable").reset_index(drop=True)
 
 
+def solve_rate_text(row, after_count: str = "") -> str:
+    """A cell's solve rate, the seeds that solved out of those run, with its 95% Wilson
+    interval: "2/3 [0.21, 0.94]" (``after_count`` goes after "2/3")."""
+    return (f"{int(row['solved_seeds'])}/{int(row['seeds'])}{after_count} "
+            f"[{row['solve_low']:.2f}, {row['solve_high']:.2f}]")
+
+
 def depth_evidence(cells: pd.DataFrame, reading: str) -> str:
     """The solve rates behind the fewest layers that solve reliably (``reading``: "3", ">6"),
     each with its 95% Wilson interval: at that depth and at one layer fewer ("3: 3/3 [0.44,
@@ -73,9 +80,7 @@ def depth_evidence(cells: pd.DataFrame, reading: str) -> str:
     depth = int(reading.lstrip(">").rstrip("?"))
     by_layers = cells.set_index("layers")
     shown = [depth, depth - 1] if reading.isdigit() else [depth]
-    return "; ".join(f"{layers}: {int(by_layers.loc[layers, 'solved_seeds'])}/"
-                     f"{int(by_layers.loc[layers, 'seeds'])} [{by_layers.loc[layers, 'solve_low']:.2f}, "
-                     f"{by_layers.loc[layers, 'solve_high']:.2f}]"
+    return "; ".join(f"{layers}: {solve_rate_text(by_layers.loc[layers])}"
                      for layers in shown if layers in by_layers.index)
 
 
@@ -179,8 +184,7 @@ def display_table(table: pd.DataFrame, frame: pd.DataFrame, per_run: bool, as_te
     if table["solved_threshold"].notna().any():  # seeds that solved, with the rate's interval
         column = f"solved/seeds ({headline})"
         if as_text:
-            shown[column] = [f"{k}/{n} [{low:.2f}, {high:.2f}]" for k, n, low, high in zip(
-                table["solved_seeds"], table["seeds"], table["solve_low"], table["solve_high"])]
+            shown[column] = [solve_rate_text(row) for _, row in table.iterrows()]
         else:
             shown[f"solved_seeds ({headline})"] = table["solved_seeds"]
             shown["solve_low"], shown["solve_high"] = table["solve_low"], table["solve_high"]
