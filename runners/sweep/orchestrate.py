@@ -12,8 +12,8 @@ Models large enough to fill the GPU gain nothing and need N times the memory. Ev
 has its own record, exactly as if it had trained alone.
 
 The parts: `grid` (grids and sweep files), `schedule` (which pack goes next, --until-solved),
-`executors` (where packs train); this module resolves the grids, skips what is done and counts
-the outcomes.
+`executors` (where packs train); this module resolves the grids, skips what is done, scores the
+constructions a sweep file names and counts the outcomes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathbench.files import check_writable
 from pathbench.runners.sweep.executors import EXECUTORS, GPU_LOST
 from pathbench.runners.sweep.grid import ConstructionEntry, Grid
 from pathbench.runners.sweep.schedule import Schedule, is_done
-from pathbench.runners.training.config import Run
+from pathbench.runners.training.config import Run, parse_sets, resolve_device
 
 SKIPPED = "skipped (solved at fewer layers)"
 # The order of the outcomes in the closing summary, whatever order the runs ended in.
@@ -139,7 +139,9 @@ def score_constructions(entries: list[ConstructionEntry], *, out: Path, device: 
                         dry_run: bool = False) -> Counter:
     """Score each construction a sweep file names (`pathbench construct`'s work) unless its
     record exists; with ``dry_run``, list each as done or todo. Counts by outcome."""
-    from pathbench.runners.training.config import parse_sets, resolve_device
+    counts: Counter = Counter()
+    if not entries:
+        return counts
     from pathbench.runners.training.construction import (  # imports torch
         construction_for,
         construction_run,
@@ -147,7 +149,6 @@ def score_constructions(entries: list[ConstructionEntry], *, out: Path, device: 
         score_construction,
     )
 
-    counts: Counter = Counter()
     device = device if dry_run and device == "cuda" else resolve_device(device)
     for entry in entries:
         construction = construction_for(entry.task)
