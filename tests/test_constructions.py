@@ -133,3 +133,11 @@ def _bad(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text('[[sweep]]\ntask = "flipflop"\n\n[[construct]]\nmodels = ["path"]\n')
     return path
+
+
+def test_a_sweep_without_constructions_asks_nothing_of_its_device(tmp_path):
+    """A Slurm sweep plans --device cuda on a login node without a GPU: no construction, no
+    device to resolve."""
+    from pathbench.runners.sweep.orchestrate import score_constructions
+
+    assert score_constructions([], out=tmp_path, device="cuda") == {}
