@@ -355,46 +355,39 @@ def draw_heatmap(ax, panel: dict) -> str:
     table = aggregate(panel["runs"])
     headline, metric = table["headline"].iloc[0], table["metric"].iloc[0]
     threshold = table["solved_threshold"].dropna()
-    rates = len(threshold) > 0
-    if rates:
-        table["rate"] = table["solved_seeds"] / table["seeds"]
+    if len(threshold):
+        line = f"{metric} >= {threshold.iloc[0]:g} on {headline}"
+        table["value"] = table["solved_seeds"] / table["seeds"]
+        table["label"] = [f"{int(k)}/{int(n)}" for k, n in zip(table["solved_seeds"],
+                                                              table["seeds"])]
         table["shown"] = [_cell_text(row[headline], row[f"{headline}_std"], row)
                           for _, row in table.iterrows()]
-    values = table.pivot_table(index="heads", columns="layers",
-                               values="rate" if rates else headline)
+        title, scale = f"solve rate over layers x heads (seeds at {line})", f"solve rate ({line})"
+        note = (" Each cell: mean ± sd of the seeds' metric; the seeds that solved, and the 95% "
+                "Wilson interval of that rate.")
+    else:
+        table["value"] = table[headline]
+        table["label"] = [f"{value:.2f}" for value in table[headline]]
+        table["shown"] = [f"{value:.3f}" for value in table[headline]]
+        title, scale = f"{metric} ({headline}) over layers x heads", f"{metric} ({headline})"
+        note = ""
+    grid = table.pivot(index="heads", columns="layers", values=["value", "label", "shown"])
+    values = grid["value"].astype(float)
     image = ax.imshow(values.values, origin="lower", vmin=0, vmax=1, cmap="viridis",
                       aspect="auto")
-    labels = (table.pivot(index="heads", columns="layers", values=["solved_seeds", "seeds"])
-              if rates else None)
     for (i, j), value in np.ndenumerate(values.values):
-        if np.isnan(value):
-            continue
-        heads, layers = values.index[i], values.columns[j]
-        text = (f"{int(labels.loc[heads, ('solved_seeds', layers)])}/"
-                f"{int(labels.loc[heads, ('seeds', layers)])}" if rates else f"{value:.2f}")
-        ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                color="white" if value < 0.6 else "black")
+        if not np.isnan(value):
+            ax.text(j, i, grid["label"].iat[i, j], ha="center", va="center", fontsize=7,
+                    color="white" if value < 0.6 else "black")
     ax.set_xticks(range(len(values.columns)), [tidy(v) for v in values.columns])
     ax.set_yticks(range(len(values.index)), [tidy(v) for v in values.index])
     ax.set_xlabel("layers")
     ax.set_ylabel("heads")
-    if rates:
-        line = f"{metric} >= {threshold.iloc[0]:g} on {headline}"
-        ax.figure.colorbar(image, ax=ax, label=f"solve rate ({line})")
-        shown = table.pivot(index="heads", columns="layers", values="shown")
-        title = f"solve rate over layers x heads (seeds at {line})"
-        note = ("Each cell: mean ± sd of the seeds' metric; the seeds that solved, and the 95% "
-                "Wilson interval of that rate.")
-    else:
-        ax.figure.colorbar(image, ax=ax, label=f"{metric} ({headline})")
-        shown = values.map(lambda v: "" if np.isnan(v) else f"{v:.3f}")
-        title = f"{metric} ({headline}) over layers x heads"
-        note = ""
-    shown = shown.copy()
+    ax.figure.colorbar(image, ax=ax, label=scale)
+    shown = grid["shown"].fillna("")
     shown.columns = [f"layers={tidy(v)}" for v in shown.columns]
-    shown = shown.reset_index().fillna("")
-    return (f"## {panel['title']}, {title}\n\n{_spread_note(table)} {note}".rstrip()
-            + f"\n\n{to_markdown(shown)}")
+    return (f"## {panel['title']}, {title}\n\n{_spread_note(table)}{note}\n\n"
+            f"{to_markdown(shown.reset_index())}")
 
 
 def draw_bars(ax, panel: dict) -> str:
