@@ -18,6 +18,7 @@ import math
 
 import pandas as pd
 
+from pathbench.runners.analysis.records import setting_columns
 from pathbench.runners.analysis.solved import solved, solved_seeds
 from pathbench.runners.training.config import DECISION_SPLIT
 
@@ -30,9 +31,7 @@ RATE_METRICS = {"accuracy", *PERCENT_METRICS}  # rates of scored positions: Wils
 
 def varying_config_columns(frame: pd.DataFrame) -> list[str]:
     """The task./model./train. columns whose value differs between the runs shown."""
-    columns = [c for c in frame.columns if c.split(".")[0] in ("task", "model", "train")
-               and "." in c]
-    return [c for c in columns if frame[c].astype(str).nunique() > 1]
+    return [c for c in setting_columns(frame) if frame[c].astype(str).nunique() > 1]
 
 
 def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = True

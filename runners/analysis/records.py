@@ -14,6 +14,7 @@ from pathbench import UserError
 from pathbench.runners.training import store
 from pathbench.runners.training.config import (
     DECISION_SPLIT,
+    SECTIONS,
     cell_key,
     parse_int_list,
     parse_sets,
@@ -109,6 +110,11 @@ def read_records(path: Path) -> pd.DataFrame:
     return frame.astype(object).where(frame.notna(), None).infer_objects()
 
 
+def setting_columns(frame: pd.DataFrame) -> list[str]:
+    """The frame's task./model./train. setting columns ("task.length", ...)."""
+    return [c for c in frame.columns if c.partition(".")[0] in SECTIONS and "." in c]
+
+
 def _setting_text(value) -> str:
     """A setting's value as a user writes it: 16 for 16.0 (a column with gaps reads as float),
     "" for unset."""
@@ -142,10 +148,8 @@ def apply_filters(frame: pd.DataFrame, *, task=None, model=None, layers=None, he
         for name, value in settings.items():
             column = f"{section}.{name}"
             if column not in frame:
-                known = sorted(c for c in frame.columns
-                               if c.partition(".")[0] in ("task", "model", "train") and "." in c)
                 raise UserError(f"--where: no setting {column} in these runs; they have "
-                                f"{', '.join(known)}")
+                                f"{', '.join(sorted(setting_columns(frame)))}")
             texts = frame[column].map(_setting_text)
             if len(frame) and not (texts == value).any():
                 values = sorted(set(texts) - {""}, key=lambda text: (len(text), text))
