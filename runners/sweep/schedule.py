@@ -136,10 +136,10 @@ class Schedule:
 
     def _verdict(self, step: list[Run], grid: Grid) -> str:
         """What val says of a depth's runs: "split" (some of the seeds at the picked learning
-        rate solve and some do not: too few for two thirds, or two thirds short of the grid's
-        max_seeds, near the line either way), "solved" (two thirds of those seeds),
-        "budget-limited" (not solved, with some of those runs still improving at their step
-        cap), or "not solved"."""
+        rate solve and some do not: too few for two thirds, or two thirds while the grid's
+        max_seeds allows more seeds; near the line either way), "solved" (two thirds of those
+        seeds), "budget-limited" (not solved, with some of those runs still improving at their
+        step cap), or "not solved"."""
         import pandas as pd  # only when asked
 
         from pathbench.runners.analysis.cells import aggregate
