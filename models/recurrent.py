@@ -23,6 +23,9 @@ On CUDA (backend "auto" or "fla") the recurrences run through fla-core's chunked
 (``pip install -e ".[fla]"``), in bfloat16; elsewhere, and with backend "torch" on CUDA too,
 through ``pathbench.kernels.delta_rule``: the delta rule a chunk of steps at a time
 (``delta_rule_chunked``), RWKV-7 token by token, both tested against the plain recurrences.
+One exception: fla-core refuses the gated delta rule's backward on Hopper GPUs under Triton
+3.4 to 3.7.0, which miscompile one of its kernels (fla-core issue #640), so there "auto" takes
+the torch form for gated_deltanet and "fla" is refused before training.
 Every parameter lives in a linear layer, so packs (``pathbench.models.pack``) take these mixers
 as they are.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +51,24 @@ RWKV7_DECAY_SCALE = math.exp(-0.5)  # RWKV-7's bound on the log decay: w in (-e^
 
 def fla_installed() -> bool:
     return importlib.util.find_spec("fla") is not None
+
+
+def fla_gate_refused(capability: tuple[int, int], triton_version: str) -> bool:
+    """Whether fla-core refuses a gated delta rule's backward on a GPU of this compute
+    capability under this Triton: on Hopper (9.x) with Triton 3.4.0 up to 3.7.1, which
+    computes its gradients wrongly (fla-core issue #640)."""
+    release = tuple(int(part) for part in re.findall(r"\d+", triton_version)[:3])
+    return capability[0] == 9 and (3, 4, 0) <= release < (3, 7, 1)
+
+
+def _fla_gate_refused_here() -> bool:
+    """fla_gate_refused for this machine's first GPU and Triton (False where there is no GPU
+    to ask, as on a cluster's login node: its workers then decide)."""
+    if not torch.cuda.is_available():
+        return False
+    import triton
+
+    return fla_gate_refused(torch.cuda.get_device_capability(0), triton.__version__)
 
 
 class RecurrentMixer(Attention):
@@ -86,6 +108,16 @@ class DeltaRuleMixer(RecurrentMixer):
 
     gated = False
 
+    @classmethod
+    def check_device(cls, config, device: str) -> None:
+        super().check_device(config, device)
+        if (cls.gated and device == "cuda" and config.backend == "fla"
+                and _fla_gate_refused_here()):
+            raise UserError(f"fla-core refuses {config.attention}'s backward on Hopper GPUs "
+                            f"under Triton 3.4 to 3.7.0, as here (wrong gradients, fla-core "
+                            f"issue #640): use Triton 3.7.1 or later, or model.backend=torch "
+                            f"(or auto)")
+
     def __init__(self, config, steps: int = 1):
         super().__init__(config)
         self.steps = steps
@@ -95,6 +127,13 @@ class DeltaRuleMixer(RecurrentMixer):
             self.more_kv = nn.Linear(d_model, 2 * (steps - 1) * d_model, bias=False)
         if self.gated:
             self.gate_proj = nn.Linear(d_model, heads)
+
+    def implementation(self, q) -> str:
+        chosen = super().implementation(q)
+        if (chosen == "fla" and self.gated and self.backend == "auto"
+                and _fla_gate_refused_here()):
+            return "torch"
+        return chosen
 
     def attend(self, q, k, v, x):
         k, v = k[:, :, None], v[:, :, None]  # [B, T, steps, H, D]

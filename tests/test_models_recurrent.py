@@ -93,3 +93,44 @@ def test_a_figure_with_both_families_groups_its_legend(capsys, tmp_path):
     labels = [text.get_text() for text in figure.legends[0].get_texts()]
     assert labels[:6] == ["attention:", "rope", "path", "recurrent:", "deltanet", labels[5]]
     assert labels[5] not in ("rope", "path", "deltanet")  # baselines and lines come after
+
+
+@pytest.mark.parametrize("capability, triton, refused", [
+    ((9, 0), "3.6.0", True), ((9, 0), "3.4.0", True), ((9, 0), "3.7.0", True),
+    ((9, 0), "3.6.0+git9a1b2c3", True), ((9, 0), "3.3.1", False), ((9, 0), "3.7.1", False),
+    ((9, 0), "3.8.0", False), ((8, 0), "3.6.0", False), ((10, 0), "3.6.0", False),
+])
+def test_fla_cores_gated_backward_is_refused_on_hopper_under_triton_3_4_to_3_7_0(
+        capability, triton, refused):
+    from pathbench.models.recurrent import fla_gate_refused
+
+    assert fla_gate_refused(capability, triton) is refused
+
+
+def test_where_fla_core_refuses_the_gate_auto_takes_the_torch_form_and_fla_is_refused(
+        monkeypatch):
+    from types import SimpleNamespace
+
+    from pathbench.models import recurrent
+
+    monkeypatch.setattr(recurrent, "fla_installed", lambda: True)
+    monkeypatch.setattr(recurrent, "_fla_gate_refused_here", lambda: True)
+    on_gpu = SimpleNamespace(is_cuda=True)  # implementation() reads only where q lives
+
+    def mixer(name, backend="auto"):
+        return build_model(model_config({"attention": name, "vocab_size": 7,
+                                         "backend": backend})).blocks[0].attn
+
+    assert mixer("gated_deltanet").implementation(on_gpu) == "torch"
+    assert mixer("deltanet").implementation(on_gpu) == "fla"  # ungated: fla-core runs it
+    assert mixer("deltaproduct").implementation(on_gpu) == "fla"
+    with pytest.raises(UserError) as error:
+        resolve_run("a5", options={"model": "gated_deltanet"},
+                    sets={"model": {"backend": "fla"}}, device="cuda")
+    assert "\n" not in str(error.value) and "#640" in str(error.value)
+    assert "model.backend=torch" in str(error.value)
+    for name, backend in (("gated_deltanet", "auto"), ("deltanet", "fla")):
+        resolve_run("a5", options={"model": name}, sets={"model": {"backend": backend}},
+                    device="cuda")
+    monkeypatch.setattr(recurrent, "_fla_gate_refused_here", lambda: False)
+    assert mixer("gated_deltanet").implementation(on_gpu) == "fla"
