@@ -1,8 +1,12 @@
 """Linear recurrent token mixers, chosen like the attention variants (``model.attention``) and
 placed in the same decoder block, so that only the mixer differs between models.
 
-Every mixer keeps the attention layers' q, k, v and output projections (q and k L2-normalised
-per head) and adds the small projections its recurrence reads from the layer input x:
+Every mixer keeps the attention layers' q, k, v and output projections and adds the small
+projections its recurrence reads from the layer input x. As in the published layers of the
+delta-rule family, q, k and v pass through a short causal convolution (each channel a filter
+over its last SHORT_CONV_WIDTH projections) and SiLU, and q and k are then L2-normalised per
+head: with it a single layer sees the tokens just before each one, as PaTH's w does through
+its own convolution (flip-flop asks for that: a bit is stored only after a write).
 
 - ``deltanet``: the delta rule, beta_t = 2 sigmoid(u_b . x_t + b_b) per head, in (0, 2) so
   that a step's eigenvalue 1 - beta can be negative (Grazzi et al., 2024).
@@ -16,8 +20,9 @@ per head) and adds the small projections its recurrence reads from the layer inp
   w_t = -e^-0.5 sigmoid(u_w x_t + b_w) (log scale), the removal key kappa = k / |k|, an
   in-context learning rate iclr = sigmoid(u_a x_t + b_a) per channel, and
   S <- diag(e^w) S - (kappa * iclr)(kappa^T S) + (kappa * iclr) v^T, read by the query. The
-  token shift, bonus term, output gate and group norm of RWKV-7's layer are left out: the
-  block around the mixer is the benchmark's, for every mixer alike.
+  short convolution above takes the place of RWKV-7's token shift; its bonus term, output
+  gate and group norm are left out: the block around the mixer is the benchmark's, for every
+  mixer alike.
 
 On CUDA (backend "auto" or "fla") the recurrences run through fla-core's chunked operators
 (``pip install -e ".[fla]"``), in bfloat16; elsewhere, and with backend "torch" on CUDA too,
@@ -26,8 +31,9 @@ through ``pathbench.kernels.delta_rule``: the delta rule a chunk of steps at a t
 One exception: fla-core refuses the gated delta rule's backward on Hopper GPUs under Triton
 3.4 to 3.7.0, which miscompile one of its kernels (fla-core issue #640), so there "auto" takes
 the torch form for gated_deltanet and "fla" is refused before training.
-Every parameter lives in a linear layer, so packs (``pathbench.models.pack``) take these mixers
-as they are.
+Every parameter lives in a linear layer or a convolution of the kind PaTH uses, so packs
+(``pathbench.models.pack``) take these mixers as they are. Generation and attention maps are
+not provided: the mixers train and are scored on whole sequences.
 """
 
 from __future__ import annotations
@@ -43,10 +49,11 @@ from torch import nn
 from pathbench import UserError
 from pathbench.kernels import compute_dtype
 from pathbench.kernels.delta_rule import delta_rule_chunked, rwkv7_recurrence
-from pathbench.models.attention import ATTENTIONS, Attention
+from pathbench.models.attention import ATTENTIONS, Attention, CausalDepthwiseConv
 
 FLA_INSTALL = 'pip install -e ".[fla]"'
 RWKV7_DECAY_SCALE = math.exp(-0.5)  # RWKV-7's bound on the log decay: w in (-e^-0.5, 0)
+SHORT_CONV_WIDTH = 4  # q, k and v see the projections of their token and the 3 before it
 
 
 def fla_installed() -> bool:
@@ -93,6 +100,13 @@ class RecurrentMixer(Attention):
     def __init__(self, config):
         super().__init__(config)
         self.backend = config.backend
+        self.qkv_conv = CausalDepthwiseConv(3 * config.d_model, SHORT_CONV_WIDTH)
+
+    def project(self, x):
+        """q, k, v [B, T, H, D] for whole sequences x [B, T, d_model]: the projections through
+        the short convolution and SiLU."""
+        qkv = short_convolution(self.qkv_conv, self.qkv(x))
+        return qkv.unflatten(-1, (3, self.heads, self.head_dim)).unbind(-3)
 
     def implementation(self, q) -> str:
         if self.backend == "auto":
@@ -100,7 +114,17 @@ class RecurrentMixer(Attention):
         return self.backend
 
     def state_size(self) -> int:
-        return self.heads * self.head_dim * self.head_dim
+        """The state matrix of every head, and the convolutions' last SHORT_CONV_WIDTH - 1
+        inputs."""
+        convolved = sum(module.weight.shape[0] for module in self.modules()
+                        if isinstance(module, CausalDepthwiseConv))
+        return self.heads * self.head_dim**2 + (SHORT_CONV_WIDTH - 1) * convolved
+
+
+def short_convolution(conv: CausalDepthwiseConv, projected: torch.Tensor) -> torch.Tensor:
+    """SiLU of ``conv`` over ``projected`` [B, T, C], zeros before the first token."""
+    window = F.pad(projected, (0, 0, conv.weight.shape[-1] - 1, 0))  # [B, T + width - 1, C]
+    return F.silu(conv(window))
 
 
 class DeltaRuleMixer(RecurrentMixer):
@@ -125,6 +149,8 @@ class DeltaRuleMixer(RecurrentMixer):
         self.beta_proj = nn.Linear(d_model, steps * heads)
         if steps > 1:  # keys and values of the steps after the first
             self.more_kv = nn.Linear(d_model, 2 * (steps - 1) * d_model, bias=False)
+            self.more_kv_conv = CausalDepthwiseConv(2 * (steps - 1) * d_model,
+                                                    SHORT_CONV_WIDTH)
         if self.gated:
             self.gate_proj = nn.Linear(d_model, heads)
 
@@ -138,7 +164,8 @@ class DeltaRuleMixer(RecurrentMixer):
     def attend(self, q, k, v, x):
         k, v = k[:, :, None], v[:, :, None]  # [B, T, steps, H, D]
         if self.steps > 1:
-            more = self.more_kv(x).unflatten(-1, (2, self.steps - 1, self.heads, self.head_dim))
+            more = short_convolution(self.more_kv_conv, self.more_kv(x))
+            more = more.unflatten(-1, (2, self.steps - 1, self.heads, self.head_dim))
             k = torch.cat([k, more[:, :, 0]], dim=2)
             v = torch.cat([v, more[:, :, 1]], dim=2)
         dtype = compute_dtype(q.dtype)

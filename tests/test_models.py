@@ -204,8 +204,11 @@ def test_describe_models():
         assert (row["family"], row["state_size"]) == ("attention", None)  # a growing cache
     recurrent = {row["name"]: row for row in rows if row["family"] == "recurrent"}
     assert list(recurrent) == ["deltanet", "gated_deltanet", "deltaproduct", "rwkv7"]
-    for row in recurrent.values():  # a 32 x 32 matrix per head and layer
-        assert row["state_size"] == 2 * 2 * 32 * 32
+    for name, row in recurrent.items():
+        # a 32 x 32 matrix per head and layer, and the short convolutions' last 3 inputs of q,
+        # k and v (and of deltaproduct's second key and value)
+        convolved = 3 * 64 + (2 * 64 if name == "deltaproduct" else 0)
+        assert row["state_size"] == 2 * (2 * 32 * 32 + 3 * convolved)
         assert row["parameters"] == count_parameters(make_model(row["name"], layers=2))
     with pytest.raises(UserError, match="divisible"):
         describe_models(layers=1, heads=3, d_model=64, vocab_size=VOCAB)

@@ -34,11 +34,32 @@ def test_a_mixer_is_causal(name):
     assert not torch.allclose(before[:, 8:], after[:, 8:])
 
 
+@pytest.mark.parametrize("name", MIXERS)
+def test_a_mixers_q_k_and_v_see_their_token_and_the_three_before_it(name):
+    from pathbench.models.recurrent import SHORT_CONV_WIDTH
+
+    torch.manual_seed(0)
+    mixer = build_model(model_config({"attention": name, "vocab_size": 7, "d_model": 32,
+                                      "heads": 2})).blocks[0].attn.double()
+    x = torch.randn(1, 10, 32, dtype=torch.float64)
+    before = mixer.project(x)  # q, k, v [1, T, H, D]
+    for changed in range(10):
+        y = x.clone()
+        y[0, changed] += 1.0
+        after = mixer.project(y)
+        for position in range(10):
+            sees_it = changed <= position < changed + SHORT_CONV_WIDTH
+            for old, new in zip(before, after):
+                assert torch.equal(old[0, position], new[0, position]) != sees_it, \
+                    (changed, position)
+
+
 def test_deltaproducts_steps_are_a_model_setting():
-    sizes = [build_model(model_config({"attention": "deltaproduct", "vocab_size": 7,
-                                       "householder_steps": steps})).state_size()
-             for steps in (1, 3)]
-    assert sizes[0] == sizes[1]  # more steps per token, the same state
+    sizes = [build_model(model_config({"attention": "deltaproduct", "vocab_size": 7, "layers": 1,
+                                       "d_model": 32, "heads": 2, "householder_steps": steps}))
+             .state_size() for steps in (1, 3)]
+    # more steps per token: the same matrices, and the last 3 inputs of 2 x 2 more channels
+    assert sizes == [2 * 16 * 16 + 3 * 3 * 32, 2 * 16 * 16 + 3 * (3 + 4) * 32]
     one, three = (resolve_run("a5", options={"model": "deltaproduct"},
                               sets={"model": {"householder_steps": str(n)}}, device="cpu")
                   for n in (1, 3))
@@ -70,7 +91,8 @@ def test_a_sweep_packs_them_and_records_size_and_state(capsys, tmp_path):
     for path in tmp_path.glob("*/result.json"):
         record = json.loads(path.read_text())
         assert len(record["provenance"]["pack"]) == 2  # trained as a pack of two
-        assert record["model_size"]["state_size"] == 2 * 2 * 16 * 16  # layers x heads x D^2
+        # layers x (heads x D^2, and the last 3 inputs of q, k and v's short convolution)
+        assert record["model_size"]["state_size"] == 2 * (2 * 16 * 16 + 3 * 3 * 32)
         assert record["provenance"]["attention_backend"] == "torch"
 
 
