@@ -218,7 +218,10 @@ class RWKV7Mixer(RecurrentMixer):
         args = (r, w, write, v.to(dtype), -kappa, write)
         if self.implementation(q) == "fla":
             return outside_compile(_fla_rwkv7)(*args, scale=scale).to(v.dtype)
-        return rwkv7_recurrence(*args, scale=scale).to(v.dtype)
+        # Compiled, the loop over tokens would be unrolled, and compiling it takes time in
+        # proportion to the sequence length; run eagerly, its kernels still join the step's
+        # CUDA graph.
+        return outside_compile(rwkv7_recurrence)(*args, scale=scale).to(v.dtype)
 
 
 # fla-core's operators run outside compiled graphs, on contiguous bfloat16 copies: inside a

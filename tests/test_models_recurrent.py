@@ -156,3 +156,16 @@ def test_where_fla_core_refuses_the_gate_auto_takes_the_torch_form_and_fla_is_re
                     device="cuda")
     monkeypatch.setattr(recurrent, "_fla_gate_refused_here", lambda: False)
     assert mixer("gated_deltanet").implementation(on_gpu) == "fla"
+
+
+def test_compiling_rwkv7s_torch_form_does_not_unroll_its_loop_over_tokens():
+    # an unrolled loop makes compilation take time in proportion to the sequence length
+    model = build_model(model_config({"attention": "rwkv7", "vocab_size": 7, "layers": 1,
+                                      "heads": 2, "d_model": 32, "backend": "torch"}))
+    traced = []
+    for length in (8, 32):
+        torch.compiler.reset()
+        explained = torch._dynamo.explain(model)(torch.randint(0, 7, (2, length)))
+        traced.append(sum(len(graph.graph.nodes) for graph in explained.graphs))
+    torch.compiler.reset()
+    assert traced[0] == traced[1] > 0
