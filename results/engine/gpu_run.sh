@@ -7,10 +7,11 @@
 # `start` installs pathbench (and the old engine beside it) and starts the measurements in their
 # own process session, one after another:
 #   1. bench step: where a step's time goes, RoPE and PaTH at A5 length 12, 4 layers, pack 64;
-#   2. bench train, new and old side by side, the word-problem shape first (rows are written as
+#   2. bench train, new and old side by side, at the word-problem shape (rows are written as
 #      they are measured and a row measured already is not measured again);
 #   3. the same small sweep (A5 at length 12, RoPE and PaTH, 3 and 4 layers, 2 learning rates x
-#      3 seeds, 10,000 steps: 24 runs) with the old engine, then the new, each timed.
+#      3 seeds, 10,000 steps: 24 runs) with the old engine, then the new, each timed;
+#   4. bench train at every other shape, attention and pack.
 # `start` and `wait` follow them for their $2 seconds and then return what is done under $OUT:
 # step_*.txt, bench_train.csv, sweep_*.log, runs_*.tgz (records, no weights) and engine.log.
 # The state lives in LIVE, outside the working tree that each command copies over again; STATE,
@@ -28,7 +29,7 @@ sweep_args=(a5 --models rope,path --layers 3,4 --lrs 1e-3,3e-4 --seeds 0-2 --ste
             --batch-size 256 --preset paper --set task.length=12 --set train.early_stop=0.95
             --workers 4 --device cuda)
 
-measure() {  # the three measurements, each skipped once its file says it is done
+measure() {  # the measurements, each skipped once its file says it is done
   cd "$1" || exit 5
   for attention in rope path; do
     [ -s $live/step_$attention.txt ] && continue
@@ -36,15 +37,10 @@ measure() {  # the three measurements, each skipped once its file says it is don
       --attention $attention --pack 64 >$live/step_$attention.txt.tmp 2>&1 &&
       mv $live/step_$attention.txt.tmp $live/step_$attention.txt
   done
-  # pack 9: a word-problem cell (3 learning rates x 3 seeds), what a sweep trains as one
-  for group in "a5-12-L4 rope,path 1,9,64" "a5-12-L4 nope,sba,fox,path_fox 9,64" \
-               "a5-12-L1,a5-12-L6,a5-32-L4 rope,path 9,64" "flipflop-L1 rope,path 1,9" \
-               "mqrar-2 rope,path 1,4" \
-               "flipflop-L2,a5-12-L2,a5-12-L3,a5-12-L5,a5-32-L1,a5-32-L2,a5-32-L3,a5-32-L5,a5-32-L6 rope,path 9"; do
-    set -- $group
-    python3 -m pathbench.runners.cli bench train --shapes "$1" --attentions "$2" --packs "$3" \
-      --steps 400 --interval 100 --against "$OLD_TREE" --out $live/bench_train.csv
-  done
+  # the headline first: RoPE and PaTH at the word-problem shape, alone, as one cell (pack 9: 3
+  # learning rates x 3 seeds, what a sweep trains together) and as a pack of 64
+  python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions rope,path \
+    --packs 1,9,64 --steps 400 --interval 100 --against "$OLD_TREE" --out $live/bench_train.csv
   for engine in old new; do
     [ -f $live/sweep_$engine.done ] && continue
     rm -rf $live/runs_$engine
@@ -56,6 +52,15 @@ measure() {  # the three measurements, each skipped once its file says it is don
       python3 -m pathbench.runners.cli sweep "${sweep_args[@]}" --out $live/runs_$engine
     fi >$live/sweep_$engine.log 2>&1 &&
       echo "wall_s $(( $(date +%s) - started ))" >$live/sweep_$engine.done
+  done
+  # then every other shape, attention and pack
+  for group in "a5-12-L4 nope,sba,fox,path_fox 9,64" \
+               "a5-12-L1,a5-12-L6,a5-32-L4 rope,path 9,64" "flipflop-L1 rope,path 1,9" \
+               "mqrar-2 rope,path 1,4" \
+               "flipflop-L2,a5-12-L2,a5-12-L3,a5-12-L5,a5-32-L1,a5-32-L2,a5-32-L3,a5-32-L5,a5-32-L6 rope,path 9"; do
+    set -- $group
+    python3 -m pathbench.runners.cli bench train --shapes "$1" --attentions "$2" --packs "$3" \
+      --steps 400 --interval 100 --against "$OLD_TREE" --out $live/bench_train.csv
   done
 }
 
@@ -86,7 +91,10 @@ for name in step_rope.txt step_path.txt bench_train.csv sweep_old.log sweep_new.
   [ -f $live/$name ] && cp $live/$name "$OUT/"
 done
 for engine in old new; do
-  [ -d $live/runs_$engine ] && tar czf "$OUT/runs_$engine.tgz" --exclude=model.pt \
-    -C $live runs_$engine
+  if [ -d $live/runs_$engine ]; then
+    tar czf "$OUT/runs_$engine.tgz" --exclude=model.pt -C $live runs_$engine
+  elif [ -f $live/runs_$engine.tgz ]; then  # returned by an earlier machine (STATE)
+    cp $live/runs_$engine.tgz "$OUT/"
+  fi
 done
 tail -n 20 $log

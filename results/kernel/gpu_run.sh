@@ -32,7 +32,8 @@ cat "$OUT/setup.log"
 # kernel against the torch backend; 2,000 bf16 steps at heads of 32 and of 128); meanwhile the
 # benchmark's kernels are compiled, so that it spends its time timing
 gpu_tests="tests/test_triton.py tests/test_kernels_torch.py tests/test_runners.py
-  tests/test_runners_training.py tests/test_kernels_delta_rule.py tests/test_tasks_device.py"
+  tests/test_runners_training.py tests/test_kernels_delta_rule.py tests/test_tasks_device.py
+  tests/test_models_recurrent.py"
 fla_cases="fla_operators or deltanet-auto or rwkv7-auto"
 ( timeout 270 python3 -m pytest $gpu_tests -v -n 6 -p no:cacheprovider -k "not ($fla_cases)"
   timeout 60 python3 -m pytest $gpu_tests -v -p no:cacheprovider -k "$fla_cases"
