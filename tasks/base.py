@@ -47,7 +47,10 @@ def _with_eval_lengths(task_class: type, length_setting: str) -> type:
     derived = dataclasses.make_dataclass(
         config_class.__name__, [("eval_lengths", tuple[int, ...], field)],
         bases=(config_class,), frozen=config_class.__dataclass_params__.frozen,
-        namespace={"__module__": task_class.__module__, "__doc__": config_class.__doc__})
+        namespace={"__doc__": config_class.__doc__})
+    # Python 3.12's make_dataclass sets __module__ to its caller's module (this one), so both
+    # names are set afterwards, on every version.
+    derived.__module__ = task_class.__module__
     derived.__qualname__ = f"{task_class.__qualname__}.Config"
     return derived
 

@@ -1,5 +1,7 @@
 """What every task promises: its attributes, dataset format, determinism, and strict config."""
 
+import pickle
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,6 +161,19 @@ def test_a_task_that_names_its_length_gets_longer_test_splits_from_the_base_clas
     with pytest.raises(UserError, match="'eval_lengths'; each must be greater than length"):
         MeasuredCount({"eval_lengths": "6"})
     assert "eval_lengths" not in LegacyCount().config  # a task without a length setting
+
+
+@pytest.mark.parametrize("name", BUILT_INS)
+def test_a_tasks_resolved_config_pickles_as_sweep_workers_receive_it(name):
+    # A sweep sends each worker its runs, configs included, through a pipe. The config class
+    # that adds eval_lengths is made at run time; Python 3.12 gave it the wrong module.
+    options = small_task(name).options
+    config_class = type(options)  # found where its names say, as pickle looks it up
+    found = sys.modules[config_class.__module__]
+    for part in config_class.__qualname__.split("."):
+        found = getattr(found, part)
+    assert found is config_class
+    assert pickle.loads(pickle.dumps(options)) == options
 
 
 def test_a_length_setting_must_be_a_field_and_eval_lengths_is_the_base_classes():
