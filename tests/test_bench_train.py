@@ -40,6 +40,16 @@ def test_bench_train_measures_this_tree_and_another_revision_side_by_side(tmp_pa
     again = out.read_text().splitlines()
     assert set(rows) < set(again) and len(again) == 1 + 6
 
+    # Another attention, this engine only: every row measured before stays in the file.
+    code, stdout, stderr = cli(capsys, "bench", "train", "--shapes", "smoke", "--attentions",
+                               "nope", "--steps", "6", "--interval", "2", "--device", "cpu",
+                               "--out", out)
+    assert code == 0, stderr
+    table = [line for line in stdout.splitlines() if line.startswith("| smoke |")]
+    assert [line.split(" | ")[1:3] for line in table] == [["nope", "1"]]
+    last = out.read_text().splitlines()
+    assert set(again) < set(last) and len(last) == 1 + 7
+
 
 def test_bench_train_refuses_bad_choices_in_one_line(capsys):
     code, _, stderr = cli(capsys, "bench", "train", "--shapes", "huge", "--device", "cpu")

@@ -208,23 +208,34 @@ def bench_train(shapes, attentions, packs, steps, interval, device, against, out
 
     With ``out``, each row is written as soon as it is measured, and the rows ``out`` already
     holds (without an error) are kept and not measured again: a table too long for one sitting
-    is finished by running the same command again."""
+    is finished by running the same command again. Rows of other shapes, attentions, packs or
+    engines stay in ``out`` as they were, so that several commands fill one table."""
     from pathbench.files import write_text_atomic
 
     wanted = [(name, attention, pack) for name in shapes for attention in attentions
               for pack in packs]
     engines = {"new": [], **({"old": []} if against else {})}
+    others = {}  # out's rows that this command neither measures nor keeps, by engine
     if out is not None and Path(out).exists():
         for row in read_csv_rows(Path(out)):
-            if row["engine"] in engines and (row["shape"], row["attention"], row["pack"]) in \
-                    wanted and not row.get("error"):
-                engines[row.pop("engine")].append(row)
+            engine = row.pop("engine")
+            key = (row["shape"], row["attention"], row["pack"])
+            if engine in engines and key in wanted:
+                if not row.get("error"):  # an error is measured again
+                    engines[engine].append(row)
+            else:
+                others.setdefault(engine, []).append(row)
+
+    def write() -> None:
+        if out is not None:
+            names = [*engines, *(engine for engine in others if engine not in engines)]
+            write_text_atomic(Path(out), csv_rows({
+                engine: others.get(engine, []) + engines.get(engine, []) for engine in names}))
 
     def measured(engine: str):
         def keep(row: dict) -> None:
             engines[engine].append(row)
-            if out is not None:
-                write_text_atomic(Path(out), csv_rows(engines))
+            write()
         return keep
 
     with tempfile.TemporaryDirectory() as folder:
@@ -246,7 +257,7 @@ def bench_train(shapes, attentions, packs, steps, interval, device, against, out
     table = render_table(engines)
     echo(table)
     if out is not None:
-        write_text_atomic(Path(out), csv_rows(engines))
+        write()
         echo(f"wrote {out}")
     return engines
 
