@@ -35,8 +35,11 @@ gpu_tests="tests/test_triton.py tests/test_kernels_torch.py tests/test_runners.p
   tests/test_runners_training.py tests/test_kernels_delta_rule.py tests/test_tasks_device.py
   tests/test_models_recurrent.py"
 fla_cases="fla_operators or deltanet-auto or rwkv7-auto"
-( timeout 270 python3 -m pytest $gpu_tests -v -n 6 -p no:cacheprovider -k "not ($fla_cases)"
-  timeout 60 python3 -m pytest $gpu_tests -v -p no:cacheprovider -k "$fla_cases"
+# (-s INT: pytest cut off by the time bound still prints each failure's reason)
+( timeout -s INT -k 15 270 python3 -m pytest $gpu_tests -v -rfE --tb=short -n 6 \
+    -p no:cacheprovider -k "not ($fla_cases)"
+  timeout -s INT -k 10 60 python3 -m pytest $gpu_tests -v -rfE --tb=short -p no:cacheprovider \
+    -k "$fla_cases"
 ) >"$OUT/gpu_tests.log" 2>&1 &
 tests=$!
 timeout 330 python3 -m pathbench.runners.bench.gpu_check >"$OUT/check.log" 2>&1 &
