@@ -93,3 +93,14 @@ def test_bench_step_splits_a_step_by_kind_of_kernel(capsys):
     assert kind_of("within_scan_kernel") == "attention"
     code, _, stderr = cli(capsys, "bench", "step", "--shape", "huge", "--device", "cpu")
     assert code == 2 and "unknown 'huge'" in stderr and "smoke" in stderr
+
+
+def test_bench_step_takes_the_models_backend(capsys):
+    code, stdout, stderr = cli(capsys, "bench", "step", "--shape", "smoke", "--attention", "path",
+                               "--backend", "torch", "--steps", "2", "--device", "cpu")
+    assert code == 0, stderr
+    assert stdout.startswith("smoke, path (backend torch), pack 1, cpu: ")
+    code, _, stderr = cli(capsys, "bench", "step", "--shape", "smoke", "--attention", "rope",
+                          "--backend", "triton", "--device", "cpu")
+    assert code == 2 and "'triton' is not available for attention 'rope'" in stderr
+    assert "valid choices: auto, torch" in stderr

@@ -6,7 +6,8 @@
 # DIR holds the engine before this one, unpacked (git archive c27954c | tar -x -C DIR).
 # `start` installs pathbench (and the old engine beside it) and starts the measurements in their
 # own process session, one after another:
-#   1. bench step: where a step's time goes, RoPE and PaTH at A5 length 12, 4 layers, pack 64;
+#   1. bench step: where a step's time goes, RoPE and PaTH (on the kernel and on the torch
+#      backend) at A5 length 12, 4 layers, pack 64;
 #   2. bench train, new and old side by side, at the word-problem shape (rows are written as
 #      they are measured and a row measured already is not measured again);
 #   3. the same small sweep (A5 at length 12, RoPE and PaTH, 3 and 4 layers, 2 learning rates x
@@ -31,11 +32,14 @@ sweep_args=(a5 --models rope,path --layers 3,4 --lrs 1e-3,3e-4 --seeds 0-2 --ste
 
 measure() {  # the measurements, each skipped once its file says it is done
   cd "$1" || exit 5
-  for attention in rope path; do
-    [ -s $live/step_$attention.txt ] && continue
+  # PaTH also on the torch backend: whether its blockwise form beats the kernel at 12 tokens
+  for run in rope:auto path:auto path:torch; do
+    attention=${run%:*} backend=${run#*:}
+    name=step_$attention$([ $backend = auto ] || echo _$backend).txt
+    [ -s $live/$name ] && continue
     timeout 300 python3 -m pathbench.runners.cli bench step --shape a5-12-L4 \
-      --attention $attention --pack 64 >$live/step_$attention.txt.tmp 2>&1 &&
-      mv $live/step_$attention.txt.tmp $live/step_$attention.txt
+      --attention $attention --backend $backend --pack 64 >$live/$name.tmp 2>&1 &&
+      mv $live/$name.tmp $live/$name
   done
   # the headline first: RoPE and PaTH at the word-problem shape, alone, as one cell (pack 9: 3
   # learning rates x 3 seeds, what a sweep trains together) and as a pack of 64
@@ -92,8 +96,8 @@ while pgrep -f "bench (step|train)|cli sweep" >/dev/null; do
   [ $(( $(date +%s) - begin )) -lt $(( budget - 25 )) ] || break
   sleep 5
 done
-for name in step_rope.txt step_path.txt bench_train.csv sweep_old.log sweep_new.log \
-            sweep_old.done sweep_new.done engine.log; do
+for name in step_rope.txt step_path.txt step_path_torch.txt bench_train.csv sweep_old.log \
+            sweep_new.log sweep_old.done sweep_new.done engine.log; do
   [ -f $live/$name ] && cp $live/$name "$OUT/"
 done
 for engine in old new; do

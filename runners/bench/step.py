@@ -48,13 +48,15 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def profile_step(shape: Shape, attention: str, pack: int, device: str, steps: int) -> dict:
+def profile_step(shape: Shape, attention: str, pack: int, device: str, steps: int,
+                 backend: str = "auto") -> dict:
     """Time ``steps`` training steps of a pack of ``pack`` runs at ``shape`` and profile one:
-    ms per step, the device's busy ms per step, and busy ms by kind of kernel."""
+    ms per step, the device's busy ms per step, and busy ms by kind of kernel. ``backend`` is
+    the models' ``model.backend`` setting."""
     from torch.profiler import ProfilerActivity, profile
 
     device = torch.device(device)
-    task, _, model = build_pack(shape, attention, pack)
+    task, _, model = build_pack(shape, attention, pack, backend)
     model.to(device).train()
     optimizer = PackedAdamW(model, [1e-4] * pack, 0.1, 1.0, member_axis=pack > 1)
     length = task.generate(1, 0, "val").inputs.shape[1]
@@ -98,13 +100,14 @@ def profile_step(shape: Shape, attention: str, pack: int, device: str, steps: in
 
 
 def bench_step(shape_name: str, attention: str, pack: int, device: str, steps: int,
-               echo=print) -> dict:
+               backend: str = "auto", echo=print) -> dict:
     """Print `profile_step`'s readings as a table."""
     from pathbench.runners.bench.train import SHAPES
 
-    found = profile_step(SHAPES[shape_name], attention, pack, device, steps)
+    found = profile_step(SHAPES[shape_name], attention, pack, device, steps, backend)
     busy = found["busy_ms_per_step"]
-    echo(f"{shape_name}, {attention}, pack {pack}, {device}: {found['ms_per_step']:.3f} ms a "
+    named = attention if backend == "auto" else f"{attention} (backend {backend})"
+    echo(f"{shape_name}, {named}, pack {pack}, {device}: {found['ms_per_step']:.3f} ms a "
          f"step ({found['run_steps_per_s']:,.0f} run-steps/s), {busy:.3f} ms of it busy "
          f"({100 * busy / found['ms_per_step']:.0f}%)")
     echo("| kernels | ms a step | share of busy |\n| --- | --- | --- |")

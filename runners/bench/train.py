@@ -86,9 +86,9 @@ def flops_per_run_step(model, shape: Shape, length: int) -> float:
     return 6 * weights * tokens + 6 * shape.layers * shape.batch * length**2 * shape.d_model
 
 
-def build_pack(shape: Shape, attention: str, pack: int):
+def build_pack(shape: Shape, attention: str, pack: int, backend: str = "auto"):
     """(task, the ``pack`` models, seeded 0 onwards, and the model that trains them: their pack,
-    or the one model)."""
+    or the one model). ``backend`` is the models' ``model.backend`` setting."""
     import torch
 
     from pathbench.models import build_model, model_config
@@ -101,7 +101,7 @@ def build_pack(shape: Shape, attention: str, pack: int):
         torch.manual_seed(seed)
         models.append(build_model(model_config({
             "attention": attention, "layers": shape.layers, "heads": shape.heads,
-            "d_model": shape.d_model, "vocab_size": len(task.vocab)})))
+            "d_model": shape.d_model, "vocab_size": len(task.vocab), "backend": backend})))
     return task, models, pack_models(models) if pack > 1 else models[0]
 
 

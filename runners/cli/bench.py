@@ -149,11 +149,14 @@ def train(shapes, attentions, packs, steps, interval, device, against, out):
               help="Steps timed, after compilation and capture.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True)
-def step(shape, attention, pack, steps, device):
+@click.option("--backend", default="auto", show_default=True,
+              help="The models' model.backend setting: which implementation computes the "
+                   "attention (e.g. torch or triton for path).")
+def step(shape, attention, pack, steps, device, backend):
     """Where a training step's time goes: ms a step, the device's busy share of it, and the
     busy time by kind of kernel (matrix products, attention, fused elementwise, ...)."""
     from pathbench.runners.bench.step import bench_step
     from pathbench.runners.training.config import resolve_device
 
-    bench_step(shape, attention, pack, resolve_device(device), steps, echo=click.echo)
+    bench_step(shape, attention, pack, resolve_device(device), steps, backend, echo=click.echo)
 
