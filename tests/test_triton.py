@@ -30,6 +30,7 @@ from pathbench.kernels.reference import path_attention_reference  # noqa: E402
 from pathbench.kernels.triton_path import DEFAULT_SETTINGS, chosen_configs, path_attention_triton  # noqa: E402
 from pathbench.kernels.triton_path import attention, bwd_within, edges  # noqa: E402
 from pathbench.kernels.triton_path.common import dot_precision  # noqa: E402
+from pathbench.kernels.triton_path.settings import SUPPORTED_HEAD_DIMS  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 F = torch.nn.functional
@@ -423,13 +424,17 @@ def test_short_sequences_take_smaller_blocks():
         assert [c[0] for c in configs(kind, D, torch.bfloat16, 32)] == [
             c[0] for c in every if c[0] <= 32]  # a 20-token sequence: no block of 64
         assert configs(kind, D, torch.bfloat16, 2) == every[-1:]  # the smallest there is
+    for kind in ("fwd", "bwd"):  # a word problem of 8 to 16 tokens: blocks of 16
+        for D in SUPPORTED_HEAD_DIMS:
+            assert {configs(kind, D, torch.bfloat16, T)[0][0] for T in (8, 12, 16)} == {16}
 
 
 @pytest.mark.skipif(not CUDA, reason="GPU configurations")
-def test_word_problem_shape_on_gpu():
-    """The shape the word problems train on (20 tokens, D = 32) in bfloat16, under the
-    configuration chosen for it, against float64."""
-    args = make_inputs(64, 20, 4, 32, True, True, dtype=torch.bfloat16)
+@pytest.mark.parametrize("T, block", [(20, 32), (12, 16)])
+def test_word_problem_shape_on_gpu(T, block):
+    """Shapes the word problems train on (D = 32) in bfloat16, under the configuration chosen
+    for them, against float64."""
+    args = make_inputs(64, T, 4, 32, True, True, dtype=torch.bfloat16)
     ref_args = [a.double() if a is not None else None for a in args]
     dout = torch.randn(args[0].shape, device=DEV, dtype=torch.float64)
     out, g = grads(path_attention_triton, args, dout)
@@ -438,8 +443,8 @@ def test_word_problem_shape_on_gpu():
     for a, b in zip(g, rg):
         assert rel(a, b) <= 5e-2
     chosen = {key[0]: cfg[0] for key, cfg in chosen_configs().items()
-              if key[1:3] == (32, torch.bfloat16) and key[-1] == 32}
-    assert chosen == {"fwd": 32, "bwd": 32}
+              if key[1:3] == (32, torch.bfloat16) and key[-1] == block}
+    assert chosen == {"fwd": block, "bwd": block}
 
 
 def test_autocast_does_not_reach_the_block_algebra():
