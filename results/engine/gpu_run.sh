@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The engine's measurements on one GPU (results/engine/README.md), from the repository root, in
 # commands of at most ten minutes each:
-#   OLD=DIR bash results/engine/gpu_run.sh start 560   # the first command
+#   OLD=DIR [BLOCKS=DIR2] bash results/engine/gpu_run.sh start 560   # the first command
 #   bash results/engine/gpu_run.sh wait 590            # each later one, while the machine is held
-# DIR holds the engine before this one, unpacked (git archive c27954c | tar -x -C DIR).
+# DIR holds the engine before this one, unpacked (git archive c27954c | tar -x -C DIR); DIR2, if
+# given, the tree of 95768f2, the last whose PaTH kernel ran blocks of 32 at 12 tokens.
 # `start` installs pathbench (and the old engine beside it) and starts the measurements in their
 # own process session, one after another:
 #   1. bench step: where a step's time goes, RoPE and PaTH (on the kernel and on the torch
 #      backend) at A5 length 12, 4 layers, pack 64;
 #   2. bench train, new and old side by side, at the word-problem shape (rows are written as
-#      they are measured and a row measured already is not measured again);
+#      they are measured and a row measured already is not measured again); with BLOCKS, PaTH
+#      and PaTH-FoX against DIR2's, in bench_blocks.csv;
 #   3. the same small sweep (A5 at length 12, RoPE and PaTH, 3 and 4 layers, 2 learning rates x
 #      3 seeds, 10,000 steps: 24 runs) with the old engine, then the new, each timed;
 #   4. bench train at every other shape, attention and pack.
@@ -45,6 +47,11 @@ measure() {  # the measurements, each skipped once its file says it is done
   # learning rates x 3 seeds, what a sweep trains together) and as a pack of 64
   python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions rope,path \
     --packs 1,9,64 --steps 400 --interval 100 --against "$OLD_TREE" --out $live/bench_train.csv
+  # with BLOCKS (the tree of 95768f2, whose PaTH kernel takes blocks of 32 at 12 tokens): the
+  # blocks of 16 alone, PaTH against PaTH
+  [ -n "${BLOCKS_TREE:-}" ] && python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 \
+    --attentions path,path_fox --packs 9,64 --steps 400 --interval 100 \
+    --against "$BLOCKS_TREE" --out $live/bench_blocks.csv
   for engine in old new; do
     [ -f $live/sweep_$engine.done ] && continue
     rm -rf $live/runs_$engine
@@ -78,6 +85,7 @@ if [ "$mode" = start ]; then
   sed -i 's/^    derived.__qualname__ = /    derived.__module__ = task_class.__module__\n&/' \
     $live/old_tree/tasks/base.py
   export OLD_TREE=$live/old_tree
+  [ -n "${BLOCKS:-}" ] && export BLOCKS_TREE=$(cd "$BLOCKS" && pwd)
   python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 4
   python3 -m pip install -q --no-deps --no-build-isolation --target $live/old_site \
     "$OLD_TREE" >/dev/null 2>&1 || exit 4
@@ -96,8 +104,8 @@ while pgrep -f "bench (step|train)|cli sweep" >/dev/null; do
   [ $(( $(date +%s) - begin )) -lt $(( budget - 25 )) ] || break
   sleep 5
 done
-for name in step_rope.txt step_path.txt step_path_torch.txt bench_train.csv sweep_old.log \
-            sweep_new.log sweep_old.done sweep_new.done engine.log; do
+for name in step_rope.txt step_path.txt step_path_torch.txt bench_train.csv bench_blocks.csv \
+            sweep_old.log sweep_new.log sweep_old.done sweep_new.done engine.log; do
   [ -f $live/$name ] && cp $live/$name "$OUT/"
 done
 for engine in old new; do
