@@ -72,10 +72,10 @@ class KernelSettings:
     # GPU launch configurations per pass and head size, tried in order: the first that compiles
     # is kept per kernel specialisation, and one the compiler rejects for lack of shared memory
     # falls through to the next. Blocks of 16 are for sequences of at most 16 tokens (the word
-    # problems), which blocks of 32 would leave mostly padding. num_warps and num_stages apply to the scans; the block-local
-    # kernels take 8 warps from BT * D = 4096 on, else 4, one stage. No blocks of 128: the
-    # preprocessing's shared memory exceeds an H200's. The backward keeps one stage at D <= 32
-    # (two stages hit an illegal memory access on the H200 once).
+    # problems), which blocks of 32 would leave mostly padding. num_warps and num_stages apply
+    # to the scans; the block-local kernels take 8 warps from BT * D = 4096 on, else 4, one
+    # stage. No blocks of 128: the preprocessing's shared memory exceeds an H200's. The backward
+    # keeps one stage at D <= 32 (two stages hit an illegal memory access on the H200 once).
     gpu_config_table: tuple[tuple[str, int, int, int, int], ...] = (
         # pass, D, BT, num_warps, num_stages
         ("fwd", 16, 64, 4, 1), ("fwd", 16, 32, 4, 1), ("fwd", 16, 16, 4, 1),

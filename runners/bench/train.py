@@ -228,9 +228,10 @@ def bench_train(shapes, attentions, packs, steps, interval, device, against, out
 
     def write() -> None:
         if out is not None:
-            names = [*engines, *(engine for engine in others if engine not in engines)]
-            write_text_atomic(Path(out), csv_rows({
-                engine: others.get(engine, []) + engines.get(engine, []) for engine in names}))
+            merged = {engine: list(rows) for engine, rows in others.items()}
+            for engine, rows in engines.items():
+                merged.setdefault(engine, []).extend(rows)
+            write_text_atomic(Path(out), csv_rows(merged))
 
     def measured(engine: str):
         def keep(row: dict) -> None:
