@@ -16,7 +16,7 @@
 #      3 seeds, 10,000 steps: 24 runs) with the old engine, then the new, each timed;
 #   4. bench train at every other shape, attention and pack.
 # `start` and `wait` follow them for their $2 seconds and then return what is done under $OUT:
-# step_*.txt, bench_train.csv, sweep_*.log, runs_*.tgz (records, no weights) and engine.log.
+# step_*.txt, bench_*.csv, sweep_*.log, runs_*.tgz (records, no weights) and engine.log.
 # The state lives in LIVE, outside the working tree that each command copies over again; STATE,
 # when set, names a folder of files an earlier machine returned, which seeds it, so that the
 # measurements cut off with their machine go on where they stopped.
@@ -104,9 +104,8 @@ while pgrep -f "bench (step|train)|cli sweep" >/dev/null; do
   [ $(( $(date +%s) - begin )) -lt $(( budget - 25 )) ] || break
   sleep 5
 done
-for name in step_rope.txt step_path.txt step_path_torch.txt bench_train.csv bench_blocks.csv \
-            sweep_old.log sweep_new.log sweep_old.done sweep_new.done engine.log; do
-  [ -f $live/$name ] && cp $live/$name "$OUT/"
+for file in $live/step_*.txt $live/bench_*.csv $live/sweep_*.log $live/sweep_*.done $log; do
+  [ -f "$file" ] && cp "$file" "$OUT/"
 done
 for engine in old new; do
   if [ -d $live/runs_$engine ]; then
