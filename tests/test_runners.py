@@ -919,7 +919,7 @@ def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attenti
     from pathbench.models import build_model, model_config
     from pathbench.models.pack import pack_models
     from pathbench.runners.training.optimizer import PackedAdamW
-    from pathbench.runners.training.loop import TrainStep, lr_factors
+    from pathbench.runners.training.loop import TrainStep
     from pathbench.tasks import make_task
 
     task = make_task("a5", {"length": 20})
@@ -938,7 +938,7 @@ def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attenti
         model = pack_models(models).cuda()
         step = TrainStep(model, PackedAdamW(model, [3e-3, 1e-3], weight_decay=0.1,
                                             grad_clip=1.0, member_axis=True),
-                         inputs, targets, lambda n: lr_factors(n, 12, 12), device)
+                         inputs, targets, lambda n: (n + 1) / len(inputs), device)
         if eager:  # the plain computation: not compiled, no graph
             step.forward_losses = step._forward_losses
             step.EAGER_CUDA_STEPS = len(inputs)
@@ -956,7 +956,9 @@ def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attenti
     # the hit counts come from the compiled forward too; rounding may flip a near tie
     assert ((fast_correct - correct).abs() <= scored // 100).all(), (fast_correct, correct)
     # Compiled kernels keep bfloat16 intermediates in float32, so the two differ by bfloat16
-    # rounding, which twelve updates carry on.
+    # rounding, which twelve updates carry on. The learning rate ramps up from a twelfth: at
+    # its peak from the first step, AdamW's first update is the learning rate times the sign
+    # of each gradient, and a gradient near zero has its sign set by that rounding.
     torch.testing.assert_close(fast_losses[0], eager_losses[0], rtol=2e-3, atol=0)
     torch.testing.assert_close(fast_losses, eager_losses, rtol=1e-2, atol=0)
     torch.testing.assert_close(fast_params, eager_params, rtol=1e-2, atol=1e-3)

@@ -4,8 +4,9 @@
 # installs pathbench (with fla-core from the wheels in .whl/: the GPU machine is offline), then
 # runs the GPU tests and the model check side by side with the benchmark's compilation, then the
 # benchmark alone on the GPU, `pathbench bench kernel`, which writes kernel_bench.csv and
-# kernel_bench.png under OUT. Logs: setup.log, gpu_tests.log, check.log, bench.log under OUT.
-# SECONDS (default 580) bounds the whole run; the tests and the check stop after 360 s.
+# kernel_bench.png under OUT. Logs: setup.log, gpu_tests.log (and gpu_tests*.xml), check.log,
+# bench.log under OUT.
+# SECONDS (default 580) bounds the whole run; the tests and the check stop after 400 s.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 budget=${1:-580}
@@ -35,21 +36,30 @@ gpu_tests="tests/test_triton.py tests/test_kernels_torch.py tests/test_runners.p
   tests/test_runners_training.py tests/test_kernels_delta_rule.py tests/test_tasks_device.py
   tests/test_models_recurrent.py"
 fla_cases="fla_operators or deltanet-auto or rwkv7-auto"
-# (-s INT: pytest cut off by the time bound still prints each failure's reason)
-( timeout -s INT -k 15 300 python3 -m pytest $gpu_tests -v -rfE --tb=short -n 6 \
-    -p no:cacheprovider -k "not ($fla_cases)"
+# Each failure's reason also goes to a JUnit file, written when pytest ends even if the time
+# bound interrupts it (pytest-xdist then skips the summary), and printed after the log.
+( timeout -s INT -k 15 330 python3 -m pytest $gpu_tests -v -rfE --tb=short -n 6 \
+    -p no:cacheprovider -k "not ($fla_cases)" --junitxml="$OUT/gpu_tests.xml"
   timeout -s INT -k 10 60 python3 -m pytest $gpu_tests -v -rfE --tb=short -p no:cacheprovider \
-    -k "$fla_cases"
+    -k "$fla_cases" --junitxml="$OUT/gpu_tests_fla.xml"
+  python3 - "$OUT"/gpu_tests*.xml <<'PY'
+import sys, xml.etree.ElementTree as ElementTree
+for path in sys.argv[1:]:
+    for case in ElementTree.parse(path).iter("testcase"):
+        for problem in list(case.findall("failure")) + list(case.findall("error")):
+            print(f"{problem.tag.upper()} {case.get('classname')}::{case.get('name')}")
+            print("\n".join((problem.text or problem.get("message", "")).splitlines()[-25:]))
+PY
 ) >"$OUT/gpu_tests.log" 2>&1 &
 tests=$!
-timeout 360 python3 -m pathbench.runners.bench.gpu_check >"$OUT/check.log" 2>&1 &
+timeout 400 python3 -m pathbench.runners.bench.gpu_check >"$OUT/check.log" 2>&1 &
 check=$!
 ( timeout 120 python3 -m pathbench.runners.cli bench kernel --compile-only --impl ours
   timeout 60 python3 -m pathbench.runners.cli bench kernel --compile-only --impl fla ) \
   >>"$OUT/setup.log" 2>&1
 wait $tests; echo "tests exit $? at $(el)s" | tee -a "$OUT/setup.log"
 wait $check; echo "check exit $? at $(el)s" | tee -a "$OUT/setup.log"
-tail -n 3 "$OUT/gpu_tests.log"; cat "$OUT/check.log"
+grep -E -A3 "^(FAILURE|ERROR) |^=+ .*(passed|failed)" "$OUT/gpu_tests.log" | tail -n 60; cat "$OUT/check.log"
 
 # the benchmark, alone on the GPU
 left=$(( budget - $(el) ))
