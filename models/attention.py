@@ -168,6 +168,23 @@ class StickBreakingAttention(Attention):
         return state.cache.stick_breaking_readout(q)
 
 
+def causal_depthwise_sum(window: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    """A depthwise convolution over time as a sum of shifted products: window [..., T + width
+    - 1, C], taps [..., C, width] (broadcast against window's leading dimensions) -> [..., T, C],
+    out[t] = sum_j taps[j] * window[t + j], in the taps' dtype and returned in window's.
+
+    Written out rather than F.conv1d, whose [B, C, T] layout costs transposes: a compiled step
+    fuses these few products with their neighbours.
+    """
+    width = taps.shape[-1]
+    length = window.shape[-2] - width + 1
+    inputs = window.to(taps.dtype)
+    out = inputs[..., :length, :] * taps[..., 0]
+    for j in range(1, width):
+        out = out + inputs[..., j : j + length, :] * taps[..., j]
+    return out.to(window.dtype)
+
+
 class CausalDepthwiseConv(nn.Module):
     """One filter per channel over the last ``width`` positions: [B, T + width - 1, C] -> [B, T, C].
 
@@ -181,8 +198,7 @@ class CausalDepthwiseConv(nn.Module):
         nn.init.kaiming_uniform_(self.weight, a=5**0.5)  # Conv1d's default initialisation
 
     def forward(self, window):
-        conv = F.conv1d(window.transpose(1, 2), self.weight, groups=self.weight.shape[0])
-        return conv.transpose(1, 2)
+        return causal_depthwise_sum(window, self.weight[:, 0])
 
 
 class PathFamilyAttention(Attention):

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pathbench.models.attention import CausalDepthwiseConv
+from pathbench.models.attention import CausalDepthwiseConv, causal_depthwise_sum
 
 
 class NotPackable(Exception):
@@ -86,11 +86,11 @@ class PackedDepthwiseConv(nn.Module):
         self.weight = _stacked(m.weight for m in modules)  # [E, channels, 1, width]
 
     def forward(self, window):
-        # The members become channel groups: [E * B, L, C] -> [B, E * C, L], one filter each.
+        # [E * B, L, C] -> [E, B, L, C], against each member's taps [E, 1, 1, C, width]
         E, (rows, L, C) = self.members, window.shape
-        channels = window.reshape(E, rows // E, L, C).permute(1, 0, 3, 2).reshape(-1, E * C, L)
-        conv = F.conv1d(channels, self.weight.flatten(0, 1), groups=E * C)
-        return conv.reshape(rows // E, E, C, -1).permute(1, 0, 3, 2).reshape(rows, -1, C)
+        taps = self.weight[:, None, None, :, 0]
+        out = causal_depthwise_sum(window.reshape(E, rows // E, L, C), taps)
+        return out.reshape(rows, -1, C)
 
 
 PACKED = {

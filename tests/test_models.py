@@ -154,6 +154,29 @@ def test_low_precision_models(dtype):
         assert logits.dtype == dtype and torch.isfinite(logits.float()).all()
 
 
+@pytest.mark.parametrize("width", [3, 4])
+def test_causal_depthwise_sum_is_the_depthwise_convolution(width):
+    from pathbench.models.attention import causal_depthwise_sum
+
+    gen = torch.Generator().manual_seed(width)
+    window = torch.randn(3, 9 + width - 1, 5, dtype=torch.float64, generator=gen,
+                         requires_grad=True)
+    taps = torch.randn(5, width, dtype=torch.float64, generator=gen, requires_grad=True)
+    fast = causal_depthwise_sum(window, taps)
+    reference = torch.nn.functional.conv1d(window.transpose(1, 2), taps[:, None],
+                                           groups=5).transpose(1, 2)
+    torch.testing.assert_close(fast, reference)
+    grad = torch.randn_like(fast)
+    fast_grads = torch.autograd.grad(fast, (window, taps), grad)
+    reference_grads = torch.autograd.grad(reference, (window, taps), grad)
+    for a, b in zip(fast_grads, reference_grads):
+        torch.testing.assert_close(a, b)
+    # under bf16 inputs: products in the taps' float32, the result in bfloat16
+    low = causal_depthwise_sum(window.detach().bfloat16(), taps.detach().float())
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.double(), reference.detach(), rtol=2e-2, atol=2e-2)
+
+
 def test_beta_max_clips_beta():
     model = make_model("path", beta_max=0.5)
     layer = model.blocks[0].attn
