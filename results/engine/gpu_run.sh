@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # The engine's measurements on one GPU (results/engine/README.md), from the repository root, in
 # commands of at most ten minutes each:
-#   OLD=DIR [BLOCKS=DIR2] bash results/engine/gpu_run.sh start 560   # the first command
+#   OLD=DIR [CONV=DIR2] bash results/engine/gpu_run.sh start 560   # the first command
 #   bash results/engine/gpu_run.sh wait 590            # each later one, while the machine is held
 # DIR holds the engine before this one, unpacked (git archive c27954c | tar -x -C DIR); DIR2, if
-# given, the tree of 95768f2, the last whose PaTH kernel ran blocks of 32 at 12 tokens.
+# given, the tree of 97100d8, the last whose models convolved w with F.conv1d.
 # `start` installs pathbench (and the old engine beside it) and starts the measurements in their
 # own process session, one after another:
 #   1. bench step: where a step's time goes, RoPE and PaTH (on the kernel and on the torch
 #      backend) at A5 length 12, 4 layers, pack 64;
 #   2. bench train, new and old side by side, at the word-problem shape (rows are written as
-#      they are measured and a row measured already is not measured again); with BLOCKS, PaTH
-#      and PaTH-FoX against DIR2's, in bench_blocks.csv;
+#      they are measured and a row measured already is not measured again); with CONV, PaTH
+#      and PaTH-FoX against DIR2's, in bench_conv.csv;
 #   3. the same small sweep (A5 at length 12, RoPE and PaTH, 3 and 4 layers, 2 learning rates x
 #      3 seeds, 10,000 steps: 24 runs) with the old engine, then the new, each timed;
 #   4. bench train at every other shape, attention and pack.
 # `start` and `wait` follow them for their $2 seconds and then return what is done under $OUT:
-# step_*.txt, bench_*.csv, sweep_*.log, runs_*.tgz (records, no weights) and engine.log.
+# step_*.txt (a profile that failed: step_*.failed.log), bench_*.csv, sweep_*.log, runs_*.tgz
+# (records, no weights) and engine.log.
 # The state lives in LIVE, outside the working tree that each command copies over again; STATE,
 # when set, names a folder of files an earlier machine returned, which seeds it, so that the
 # measurements cut off with their machine go on where they stopped.
@@ -41,17 +42,17 @@ measure() {  # the measurements, each skipped once its file says it is done
     [ -s $live/$name ] && continue
     timeout 300 python3 -m pathbench.runners.cli bench step --shape a5-12-L4 \
       --attention $attention --backend $backend --pack 64 >$live/$name.tmp 2>&1 &&
-      mv $live/$name.tmp $live/$name
+      mv $live/$name.tmp $live/$name || mv $live/$name.tmp $live/${name%.txt}.failed.log
   done
   # the headline first: RoPE and PaTH at the word-problem shape, alone, as one cell (pack 9: 3
   # learning rates x 3 seeds, what a sweep trains together) and as a pack of 64
   python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions rope,path \
     --packs 1,9,64 --steps 400 --interval 100 --against "$OLD_TREE" --out $live/bench_train.csv
-  # with BLOCKS (the tree of 95768f2, whose PaTH kernel takes blocks of 32 at 12 tokens): the
-  # blocks of 16 alone, PaTH against PaTH
-  [ -n "${BLOCKS_TREE:-}" ] && python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 \
+  # with CONV (the tree of 97100d8, whose models convolve w with F.conv1d): the sum of shifted
+  # products alone, PaTH against PaTH
+  [ -n "${CONV_TREE:-}" ] && python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 \
     --attentions path,path_fox --packs 9,64 --steps 400 --interval 100 \
-    --against "$BLOCKS_TREE" --out $live/bench_blocks.csv
+    --against "$CONV_TREE" --out $live/bench_conv.csv
   for engine in old new; do
     [ -f $live/sweep_$engine.done ] && continue
     rm -rf $live/runs_$engine
@@ -85,7 +86,7 @@ if [ "$mode" = start ]; then
   sed -i 's/^    derived.__qualname__ = /    derived.__module__ = task_class.__module__\n&/' \
     $live/old_tree/tasks/base.py
   export OLD_TREE=$live/old_tree
-  [ -n "${BLOCKS:-}" ] && export BLOCKS_TREE=$(cd "$BLOCKS" && pwd)
+  [ -n "${CONV:-}" ] && export CONV_TREE=$(cd "$CONV" && pwd)
   python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 4
   python3 -m pip install -q --no-deps --no-build-isolation --target $live/old_site \
     "$OLD_TREE" >/dev/null 2>&1 || exit 4
@@ -104,7 +105,7 @@ while pgrep -f "bench (step|train)|cli sweep" >/dev/null; do
   [ $(( $(date +%s) - begin )) -lt $(( budget - 25 )) ] || break
   sleep 5
 done
-for file in $live/step_*.txt $live/bench_*.csv $live/sweep_*.log $live/sweep_*.done $log; do
+for file in $live/step_*.txt $live/step_*.failed.log $live/bench_*.csv $live/sweep_*.log $live/sweep_*.done $log; do
   [ -f "$file" ] && cp "$file" "$OUT/"
 done
 for engine in old new; do

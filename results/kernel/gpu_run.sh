@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The kernel's run on one H200 (results/kernel/README.md), from the repository root:
-#   OUT=DIR bash results/kernel/gpu_run.sh [SECONDS]
+#   OUT=DIR bash results/kernel/gpu_run.sh [SECONDS [BENCH OPTIONS]]
 # installs pathbench (with fla-core from the wheels in .whl/: the GPU machine is offline), then
 # runs the GPU tests and the model check side by side with the benchmark's compilation, then the
 # benchmark alone on the GPU, `pathbench bench kernel`, which writes kernel_bench.csv and
 # kernel_bench.png under OUT. Logs: setup.log, gpu_tests.log (and gpu_tests*.xml), check.log,
 # bench.log under OUT.
-# SECONDS (default 580) bounds the whole run; the tests and the check stop after 400 s.
+# SECONDS (default 580) bounds the whole run; the tests and the check stop after 400 s. BENCH
+# OPTIONS go to `bench kernel` (e.g. --seqlens 1024,2048,8192: a run that goes on from one cut off).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 budget=${1:-580}
+shift $(( $# > 0 ? 1 : 0 ))
 OUT=${OUT:?set OUT to the folder for the logs, kernel_bench.csv and kernel_bench.png}
 mkdir -p "$OUT"
 start=$(date +%s)
@@ -64,5 +66,5 @@ grep -E -A3 "^(FAILURE|ERROR) |^=+ .*(passed|failed)" "$OUT/gpu_tests.log" | tai
 # the benchmark, alone on the GPU
 left=$(( budget - $(el) ))
 timeout $(( left > 30 ? left : 30 )) python3 -m pathbench.runners.cli bench kernel --path "$OUT" \
-  2>&1 | tee "$OUT/bench.log"
+  "$@" 2>&1 | tee "$OUT/bench.log"
 echo "bench exit $? at $(el)s" | tee -a "$OUT/setup.log"
