@@ -286,23 +286,33 @@ def test_shipped_sweep_files_resolve():
     # long enough to pass the control (N = 1) or to show that a model does not: runs end on
     # a plateau (patience), not at a step cap set by the budget
     assert {(c.train.steps, c.train.patience) for c in mqrar.runs("cuda")} == {(5000, 5)}
-    # Every grid searches a decade of learning rates around 1e-3; a cell's runs pack as
-    # --pack auto decides, but MQRAR's, which fill the GPU alone.
-    assert all(grid.lrs == [3e-4, 1e-3, 3e-3] for grid in grids)
+    # Flip-flop's Table 1 searches a decade of learning rates around 1e-3, word problems 1e-3
+    # and the rate above it, MQRAR 1e-3 alone; a cell's runs pack as --pack auto decides, but
+    # MQRAR's, which fill the GPU alone.
+    assert {grid.task: grid.lrs for grid in grids} == {
+        "flipflop": [3e-4, 1e-3, 3e-3], "a5": [1e-3, 3e-3], "a4xz5": [1e-3, 3e-3],
+        "z60": [1e-3, 3e-3], "mqrar": [1e-3]}
     assert {grid.task: grid.pack for grid in grids} == {"flipflop": None, "a5": None,
                                                         "a4xz5": None, "z60": None, "mqrar": 1}
     # A5's depth is searched at every length of the ladder, shortest first, each length its
-    # own chain, tested at twice that length; both framings; the controls at 16 and 32. A
-    # split depth gets five seeds, a budget-limited one twice the steps.
+    # own chain, tested at twice that length: all six attentions to 16, RoPE and PaTH beyond,
+    # in the generator framing and on the controls. A split depth gets five seeds; a run ends
+    # on a plateau of its validation accuracy, so that no depth is left budget-limited for
+    # want of a longer budget.
     lengths = {}
     for grid in grids:
         if grid.task in ("a5", "a4xz5", "z60") and grid.until_solved:
-            assert len(grid.seeds) >= 3 and grid.max_seeds == 5 and grid.max_steps == 20000
+            assert len(grid.seeds) >= 3 and grid.max_seeds == 5 and grid.max_steps is None
+            assert {run.train.patience for run in grid.runs("cuda")} == {10}
             task = grid.runs("cuda")[0].task.config
             assert task["eval_lengths"] == (2 * task["length"],)
-            lengths.setdefault((grid.task, task["words"]), []).append(task["length"])
-    assert lengths == {("a5", "elements"): [8, 12, 16, 24, 32], ("a5", "generators"): [16, 32],
-                       ("a4xz5", "elements"): [16, 32], ("z60", "elements"): [16, 32]}
+            key = (grid.task, task["words"], len(grid.models))
+            lengths.setdefault(key, []).append(task["length"])
+            if len(grid.models) == 2:
+                assert grid.models == ["rope", "path"]
+    assert lengths == {("a5", "elements", 6): [8, 12, 16], ("a5", "elements", 2): [24, 32],
+                       ("a5", "generators", 2): [16, 32], ("a4xz5", "elements", 2): [16, 32],
+                       ("z60", "elements", 2): [16, 32]}
     # depth and heads: every cell of 1-4 layers x 1, 2, 4, 8 heads at length 16, trained as the
     # ladder trains that length, so that its 4-head runs are the ladder's own
     [heads] = [grid for grid in grids if grid.task == "a5" and grid.heads]
@@ -313,7 +323,7 @@ def test_shipped_sweep_files_resolve():
     assert heads.layers == [1, 2, 3, 4] and not heads.until_solved
     shared = {run.run_id for run in heads.runs("cuda")} & {
         run.run_id for run in ladder_16.runs("cuda")}
-    assert len(shared) == 2 * 4 * 3 * 3  # models x layers x lrs x seeds, at 4 heads
+    assert len(shared) == 2 * 4 * 2 * 3  # models x layers x lrs x seeds, at 4 heads
     for name in ("flipflop", "word_problems", "mqrar", "heads"):
         file_settings, _ = load_sweep_file(find_sweep_file(name))
         assert file_settings["out"].startswith("results/runs/")
@@ -338,14 +348,17 @@ def test_shipped_sweep_files_resolve():
         assert {run.model.backend for run in grid.runs("cuda")} == {"torch"}
     for grid in attention:
         assert grid.models == ["path", "rope"]
-    for grid in families:
-        assert grid.lrs == [3e-4, 1e-3, 3e-3] and grid.seeds == [0, 1, 2]
+    for grid in families:  # learning rates and plateaus as in the paper sweep
+        assert grid.seeds == [0, 1, 2]
+        assert grid.lrs == ([3e-4, 1e-3, 3e-3] if grid.task == "flipflop" else [1e-3, 3e-3])
+        assert {run.train.patience for run in grid.runs("cuda")} == (
+            {None} if grid.task == "flipflop" else {10})
     for mixer, other in zip(mixers, attention):
         assert [item for item in mixer.sets if item != "model.backend=torch"] == other.sets
     assert [grid.runs("cuda")[0].task.config.get("length") for grid in attention] == [512, 16, 32]
     assert all(grid.until_solved and grid.max_seeds == 5 for grid in families[2:])
     _, [heads] = load_sweep_file(find_sweep_file("heads"))
-    assert len(heads.runs("cuda")) == 2 * 4 * 4 * 3 * 3  # models x layers x heads x lrs x seeds
+    assert len(heads.runs("cuda")) == 2 * 4 * 4 * 2 * 3  # models x layers x heads x lrs x seeds
 
 
 def test_sweep_file_errors_name_the_problem(tmp_path):
