@@ -7,20 +7,20 @@
 # given, the tree of 97100d8, the last whose models convolved w with F.conv1d.
 # `start` installs pathbench (and the old engine beside it) and starts the measurements in their
 # own process session, one after another:
-#   1. bench step: where a step's time goes, RoPE and PaTH (on the kernel and on the torch
-#      backend) at A5 length 12, 4 layers, pack 64;
+#   1. with CONV, bench train of PaTH and PaTH-FoX against DIR2's, in bench_conv.csv;
 #   2. bench train, new and old side by side, at the word-problem shape (rows are written as
-#      they are measured and a row measured already is not measured again); with CONV, PaTH
-#      and PaTH-FoX against DIR2's, in bench_conv.csv;
+#      they are measured and a row measured already is not measured again);
 #   3. the same small sweep (A5 at length 12, RoPE and PaTH, 3 and 4 layers, 2 learning rates x
 #      3 seeds, 10,000 steps: 24 runs) with the old engine, then the new, each timed;
-#   4. bench train at every other shape, attention and pack.
+#   4. bench step: where a step's time goes, RoPE and PaTH at A5 length 12, 4 layers, pack 64;
+#   5. bench train at the other shapes, attentions and packs, one shape of each task first;
+#   6. bench step of PaTH on its torch backend.
 # `start` and `wait` follow them for their $2 seconds and then return what is done under $OUT:
 # step_*.txt (a profile that failed: step_*.failed.log), bench_*.csv, sweep_*.log, runs_*.tgz
 # (records, no weights) and engine.log.
 # The state lives in LIVE, outside the working tree that each command copies over again; STATE,
-# when set, names a folder of files an earlier machine returned, which seeds it, so that the
-# measurements cut off with their machine go on where they stopped.
+# when set, names a folder of files an earlier machine with the same GPU returned, which seeds
+# it, so that the measurements cut off with their machine go on where they stopped.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 mode=${1:?start or wait}
@@ -33,26 +33,25 @@ sweep_args=(a5 --models rope,path --layers 3,4 --lrs 1e-3,3e-4 --seeds 0-2 --ste
             --batch-size 256 --preset paper --set task.length=12 --set train.early_stop=0.95
             --workers 4 --device cuda)
 
+profile() {  # bench step of attention $1 on backend $2 at the word-problem shape, pack 64
+  local name=step_$1$([ $2 = auto ] || echo _$2).txt
+  [ -s $live/$name ] && return
+  timeout 300 python3 -m pathbench.runners.cli bench step --shape a5-12-L4 --attention $1 \
+    --backend $2 --pack 64 >$live/$name.tmp 2>&1 &&
+    mv $live/$name.tmp $live/$name || mv $live/$name.tmp $live/${name%.txt}.failed.log
+}
+
 measure() {  # the measurements, each skipped once its file says it is done
   cd "$1" || exit 5
-  # PaTH also on the torch backend: whether its blockwise form beats the kernel at 12 tokens
-  for run in rope:auto path:auto path:torch; do
-    attention=${run%:*} backend=${run#*:}
-    name=step_$attention$([ $backend = auto ] || echo _$backend).txt
-    [ -s $live/$name ] && continue
-    timeout 300 python3 -m pathbench.runners.cli bench step --shape a5-12-L4 \
-      --attention $attention --backend $backend --pack 64 >$live/$name.tmp 2>&1 &&
-      mv $live/$name.tmp $live/$name || mv $live/$name.tmp $live/${name%.txt}.failed.log
-  done
-  # the headline first: RoPE and PaTH at the word-problem shape, alone, as one cell (pack 9: 3
-  # learning rates x 3 seeds, what a sweep trains together) and as a pack of 64
-  python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions rope,path \
-    --packs 1,9,64 --steps 400 --interval 100 --against "$OLD_TREE" --out $live/bench_train.csv
   # with CONV (the tree of 97100d8, whose models convolve w with F.conv1d): the sum of shifted
   # products alone, PaTH against PaTH
   [ -n "${CONV_TREE:-}" ] && python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 \
     --attentions path,path_fox --packs 9,64 --steps 400 --interval 100 \
     --against "$CONV_TREE" --out $live/bench_conv.csv
+  # the headline: RoPE and PaTH at the word-problem shape, alone, as a pack of 9 (a cell of 3
+  # learning rates x 3 seeds, the largest a sweep trains together) and of 64
+  python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions rope,path \
+    --packs 1,9,64 --steps 400 --interval 100 --against "$OLD_TREE" --out $live/bench_train.csv
   for engine in old new; do
     [ -f $live/sweep_$engine.done ] && continue
     rm -rf $live/runs_$engine
@@ -65,20 +64,35 @@ measure() {  # the measurements, each skipped once its file says it is done
     fi >$live/sweep_$engine.log 2>&1 &&
       echo "wall_s $(( $(date +%s) - started ))" >$live/sweep_$engine.done
   done
-  # then every other shape, attention and pack
-  for group in "a5-12-L4 nope,sba,fox,path_fox 9,64" \
-               "a5-12-L1,a5-12-L6,a5-32-L4 rope,path 9,64" "flipflop-L1 rope,path 1,9" \
-               "mqrar-2 rope,path 1,4" \
-               "flipflop-L2,a5-12-L2,a5-12-L3,a5-12-L5,a5-32-L1,a5-32-L2,a5-32-L3,a5-32-L5,a5-32-L6 rope,path 9"; do
-    set -- $group
-    python3 -m pathbench.runners.cli bench train --shapes "$1" --attentions "$2" --packs "$3" \
-      --steps 400 --interval 100 --against "$OLD_TREE" --out $live/bench_train.csv
-  done
+  # where a step's time goes
+  profile rope auto
+  profile path auto
+  # the other shapes, attentions and packs, one shape of each task first
+  if [ ! -f $live/shapes.done ]; then
+    for group in "a5-32-L4 rope,path 9" "flipflop-L1 rope,path 9" "mqrar-2 rope,path 1" \
+                 "a5-12-L4 nope,sba,fox,path_fox 9,64" "a5-12-L1,a5-12-L6 rope,path 9,64" \
+                 "flipflop-L2,a5-12-L2,a5-12-L3,a5-12-L5,a5-32-L1,a5-32-L2,a5-32-L3,a5-32-L5,a5-32-L6 rope,path 9"; do
+      set -- $group
+      python3 -m pathbench.runners.cli bench train --shapes "$1" --attentions "$2" \
+        --packs "$3" --steps 400 --interval 100 --against "$OLD_TREE" \
+        --out $live/bench_train.csv
+    done
+    touch $live/shapes.done
+  fi
+  # whether PaTH's blockwise torch form beats the kernel at 12 tokens
+  profile path torch
 }
 
 if [ "$mode" = start ]; then
   mkdir -p $live
-  [ -n "${STATE:-}" ] && [ -d "$STATE" ] && cp -a "$STATE"/. $live/
+  if [ -n "${STATE:-}" ] && [ -d "$STATE" ]; then  # measurements of the same kind of GPU only
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+    if [ "$(head -n 1 "$STATE/engine.log" 2>/dev/null | cut -d, -f1)" = "$gpu" ]; then
+      cp -a "$STATE"/. $live/
+    else
+      echo "STATE was measured on another GPU than this $gpu: measuring anew" | tee -a $log
+    fi
+  fi
   # The old engine, as a copy with one fix that is not the engine's: its task configs name
   # their module under Python 3.12 (commit 6485557), without which its sweep cannot send a word
   # problem's runs to its workers.
@@ -95,7 +109,7 @@ if [ "$mode" = start ]; then
     git log -1 --format='tree of commit %H' 2>/dev/null; date -u; } >>$log 2>&1
   echo "== measurements start at $(date -u +%T)" >>$log
   root=$(pwd)
-  setsid bash -c "$(declare -p live sweep_args; declare -f measure); measure '$root'
+  setsid bash -c "$(declare -p live sweep_args; declare -f profile measure); measure '$root'
                   echo \"== measurements end at \$(date -u +%T)\"" >>$log 2>&1 </dev/null &
   sleep 5
 fi
