@@ -87,7 +87,7 @@ if [ "$mode" = start ]; then
   mkdir -p $live
   if [ -n "${STATE:-}" ] && [ -d "$STATE" ]; then  # measurements of the same kind of GPU only
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
-    if [ "$(head -n 1 "$STATE/engine.log" 2>/dev/null | cut -d, -f1)" = "$gpu" ]; then
+    if grep -qF "$gpu, " "$STATE/engine.log" 2>/dev/null; then  # nvidia-smi's line there
       cp -a "$STATE"/. $live/
     else
       echo "STATE was measured on another GPU than this $gpu: measuring anew" | tee -a $log
