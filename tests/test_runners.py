@@ -286,12 +286,12 @@ def test_shipped_sweep_files_resolve():
     # long enough to pass the control (N = 1) or to show that a model does not: runs end on
     # a plateau (patience), not at a step cap set by the budget
     assert {(c.train.steps, c.train.patience) for c in mqrar.runs("cuda")} == {(5000, 5)}
-    # Flip-flop's Table 1 searches a decade of learning rates around 1e-3, word problems 1e-3
-    # and the rate above it, MQRAR 1e-3 alone; a cell's runs pack as --pack auto decides, but
-    # MQRAR's, which fill the GPU alone.
+    # Flip-flop's Table 1 searches a decade of learning rates around 1e-3, word problems 3e-4
+    # (deep models) and 1e-3 (shallow ones), MQRAR 1e-3 alone; a cell's runs pack as --pack
+    # auto decides, but MQRAR's, which fill the GPU alone.
     assert {grid.task: grid.lrs for grid in grids} == {
-        "flipflop": [3e-4, 1e-3, 3e-3], "a5": [1e-3, 3e-3], "a4xz5": [1e-3, 3e-3],
-        "z60": [1e-3, 3e-3], "mqrar": [1e-3]}
+        "flipflop": [3e-4, 1e-3, 3e-3], "a5": [3e-4, 1e-3], "a4xz5": [3e-4, 1e-3],
+        "z60": [3e-4, 1e-3], "mqrar": [1e-3]}
     assert {grid.task: grid.pack for grid in grids} == {"flipflop": None, "a5": None,
                                                         "a4xz5": None, "z60": None, "mqrar": 1}
     # A5's depth is searched at every length of the ladder, shortest first, each length its
@@ -350,7 +350,7 @@ def test_shipped_sweep_files_resolve():
         assert grid.models == ["path", "rope"]
     for grid in families:  # learning rates and plateaus as in the paper sweep
         assert grid.seeds == [0, 1, 2]
-        assert grid.lrs == ([3e-4, 1e-3, 3e-3] if grid.task == "flipflop" else [1e-3, 3e-3])
+        assert grid.lrs == ([3e-4, 1e-3, 3e-3] if grid.task == "flipflop" else [3e-4, 1e-3])
         assert {run.train.patience for run in grid.runs("cuda")} == (
             {None} if grid.task == "flipflop" else {10})
     for mixer, other in zip(mixers, attention):
