@@ -375,6 +375,26 @@ def test_no_buffer_is_read_before_it_is_written(monkeypatch, chunks):
         check_against_reference(make_inputs(2, T, 1, D, hh, gate), settings=settings)
 
 
+@pytest.mark.skipif(CUDA, reason="interpreter settings")
+def test_one_block_needs_no_moved_queries_keys_or_block_products(monkeypatch):
+    """A sequence of one block has no pair of different blocks: its queries and keys moved across
+    the block, the block's product and their gradients are neither computed nor read (buffers
+    from torch.empty filled with NaN show a read), with query blocks in pairs asked for at every
+    head size; with and without w and the gate."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def filled(x):
+        return x.fill_(float("nan")) if x.is_floating_point() else x
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: filled(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: filled(empty_like(*a, **k)))
+    settings = replace(DEFAULT_SETTINGS, **in_pairs(*SUPPORTED_HEAD_DIMS))
+    for T, D, hh, gate in ((16, 16, True, True), (9, 32, True, False), (1, 16, True, True),
+                           (12, 16, False, True), (5, 32, False, False)):
+        assert -(-T // settings.interpret_block) == 1
+        check_against_reference(make_inputs(2, T, 2, D, hh, gate), settings=settings)
+
+
 def test_second_backward_gives_the_same_gradients():
     """The first backward overwrites the kept intra-block logits with their gradient; a second one
     through the same graph (retain_graph) must not read them, and gives the same gradients."""

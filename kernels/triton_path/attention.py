@@ -129,7 +129,8 @@ def _forward(q, k, v, w, beta, log_fgate, scale, settings, keep=False):
         if has_hh and N > C:
             Qs, Kc, Mc, _, _ = chunk_edges(Qt, Kt, Mb, C, prec, settings.half_blocks(Mb.dtype, D), opts("edges_fwd"))
         O, LSE = forward_scan(Qt, Qs, Kt, Kc, _to_blocks(v, Tp, sd).contiguous(), Mb, Mc, Gf, SI, C, scale,
-                              settings.query_blocks("fwd", D), q.dtype, prec, q.dtype != torch.float32, opts("fwd"))
+                              settings.query_blocks("fwd", D, N), q.dtype, prec, q.dtype != torch.float32,
+                              opts("fwd"))
         return O[:, :, :T], LSE[:, :, :T], (Qt, Kt, Mb, SI, X) if keep else None
 
     return with_fallback("fwd", q, has_hh, has_gate, settings, launch)
@@ -153,7 +154,7 @@ def _across_chunks(C, Qt, Kt, Mb, V, dO, G, lse, delta, dQt, dKt, dV, dM, dGrow,
         Qs, Kc, Mc = Qt, Kt, dummy(dev)
     # dQs and dL/dMc (queries first, QB blocks at a time), NGq programs per head with their own
     # partial sums
-    QB = settings.query_blocks("cross_q", D)
+    QB = settings.query_blocks("cross_q", D, N)
     NGq = settings.num_groups(-(-(N - C) // QB), B * H, dev, opts("cross_q").get("num_warps"))
     dQs, dMcp = cross_q_scan(Qs, Kc, V, Mc, G, lse, dO, delta, dGrow, C, NGq, QB, scale, adj16, scan, replay_dtype,
                              opts("cross_q"))
@@ -228,7 +229,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, settings, ke
 
         # 1. pairs of blocks within a chunk, query blocks QBw at a time: NGw programs per chunk
         # (several only when one chunk spans the sequence)
-        QBw = settings.query_blocks("within", D)
+        QBw = settings.query_blocks("within", D, N)
         NGw = settings.num_groups(-(-N // QBw), B * H, dev, opts("within").get("num_warps")) if NC == 1 else 1
         dQt = torch.empty(B, H, Tp, D, **f32)
         # (the scan sets every one of its sums: no zeros here)

@@ -15,6 +15,7 @@ def prep_bwd_kernel(
     T, H, N, scale,
     D: tl.constexpr, BT: tl.constexpr, PART: tl.constexpr,
     HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, XPREC: tl.constexpr, HALF: tl.constexpr,
+    CARRIED: tl.constexpr,
 ):
     # One of three launches, each grouped around one product with X (the block inverse that
     # the preprocessing stored in XS), so that few [BT, BT] and [BT, D] matrices are live at
@@ -28,6 +29,8 @@ def prep_bwd_kernel(
     #   part 0: dQ = dQt + ds K, dK = dKt + ds^T Q; P1 = X^T dE: dbeta, dWK, dQW, dL
     #   part 1: P2 = X^T dU: dW, dbeta, dL; dQW complete: dQ, dW
     #   part 2: P3 = X diag(b) dR: dW, dbeta; dL and dWK complete: dK, dW, dbeta
+    # Without CARRIED (one block) dQt, dKt and dM are zero and not read, nor is what only they
+    # feed: dU, P2, dR and P3.
     ib = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -79,13 +82,13 @@ def prep_bwd_kernel(
         dq_at = DQ if HAS_HH else DQO
         dk_at = DK if HAS_HH else DKO
         for c in tl.static_range(NS):
-            dq = tl.load(DQT + dst + c * DS)
-            tl.store(dq_at + src + c * DS,
-                     dq + ds_down * tl.dot(ds, load_op(K, src + c * DS, m2, HALF), input_precision=PREC), mask=m2)
-            dk = tl.load(DKT + dst + c * DS)
-            tl.store(dk_at + src + c * DS,
-                     dk + ds_down * tl.dot(tl.trans(ds), load_op(Q, src + c * DS, m2, HALF), input_precision=PREC),
-                     mask=m2)
+            dq = ds_down * tl.dot(ds, load_op(K, src + c * DS, m2, HALF), input_precision=PREC)
+            dk = ds_down * tl.dot(tl.trans(ds), load_op(Q, src + c * DS, m2, HALF), input_precision=PREC)
+            if CARRIED:
+                dq += tl.load(DQT + dst + c * DS)
+                dk += tl.load(DKT + dst + c * DS)
+            tl.store(dq_at + src + c * DS, dq, mask=m2)
+            tl.store(dk_at + src + c * DS, dk, mask=m2)
         if HAS_HH:
             # E = X diag(b) WK, dE = -QW^T ds, P1 = X^T dE
             QW = tl.where(lower, dot_rows(Q, W, src, m2, BT, DS, NS, HALF, PREC), 0.0)
@@ -101,50 +104,58 @@ def prep_bwd_kernel(
             tl.debug_barrier()  # every thread has read its intra-block gradients
             tl.store(DSI + si, -P1_down * tl.dot(P1, tl.trans(E), input_precision=PREC))
     elif PART == 1:
-        # U = X diag(b) W, dU = -QW^T dQt - W dM, P2 = X^T dU, and dW = diag(b) P2 - U dM^T:
-        # their columns go in slabs of at most 64, and dM in blocks (registers), so no [BT, D]
-        # or [D, D] tile is held whole
-        QW = operand(tl.where(lower, dot_rows(Q, W, src, m2, BT, DS, NS, HALF, PREC), 0.0), HALF)
-        dL = tl.zeros([BT, BT], dtype=tl.float32)
-        dQW = tl.zeros([BT, BT], dtype=tl.float32)
-        db = tl.zeros([BT], dtype=tl.float32)
-        for c in tl.static_range(NS):
-            dqt, dqt_down = scaled(tl.load(DQT + dst + c * DS), HALF)
-            du = -dqt_down * tl.dot(tl.trans(QW), dqt, input_precision=PREC)
-            for r in tl.static_range(NS):
-                dm, dm_down = scaled(tl.load(DP + dpi + (r * DS * D + c * DS), volatile=True), HALF)
-                du -= dm_down * tl.dot(load_op(W, src + r * DS, m2, HALF), dm, input_precision=PREC)
-            du, du_down = scaled(du, HALF)
-            P2 = du_down * tl.dot(tl.trans(inverse(XS, si, HALF)), du, input_precision=PREC)
-            w = load_f32(W, src + c * DS, m2)
-            db += tl.sum(P2 * w, 1)
-            u = operand(tl.dot(inverse(XS, si, HALF), operand(w * beta[:, None], HALF),
-                               input_precision=XPREC), HALF)
-            P2s, P2_down = scaled(P2, HALF)
-            dL += P2_down * tl.dot(P2s, tl.trans(u), input_precision=PREC)
-            dQW -= dqt_down * tl.dot(dqt, tl.trans(u), input_precision=PREC)
-            if NS == 1:  # dQW is complete (QW = tril(Q W^T)): dW takes dQW^T Q before its store
-                dQW = tl.where(lower, tl.load(DQWK + si) + dQW, 0.0)
-                dQWs, dQW_down = scaled(dQW, HALF)
-            for r in tl.static_range(NS):  # dW's slab r: -U_c (dM's block (r, c))^T
-                dm, dm_down = scaled(tl.load(DP + dpi + (r * DS * D + c * DS), volatile=True), HALF)
-                dw = -dm_down * tl.dot(u, tl.trans(dm), input_precision=PREC)
-                if r == c:
-                    dw += P2 * beta[:, None]
-                if c > 0:
-                    dw += tl.load(DW + src + r * DS, mask=m2, other=0.0)
-                if NS == 1:
-                    dw += dQW_down * tl.dot(tl.trans(dQWs), load_op(Q, src, m2, HALF), input_precision=PREC)
-                tl.store(DW + src + r * DS, dw, mask=m2)
-        tl.store(DBETA + bt, tl.load(DBETA + bt, mask=valid, other=0.0) + db, mask=valid)
-        tl.store(DSI + si, tl.load(DSI + si) - dL)
-        if NS > 1:  # dQW is complete: dW += dQW^T Q, slab by slab (registers)
-            dQWs, dQW_down = scaled(tl.where(lower, tl.load(DQWK + si) + dQW, 0.0), HALF)
-            tl.debug_barrier()  # dW is read back by other threads
+        if CARRIED:
+            # U = X diag(b) W, dU = -QW^T dQt - W dM, P2 = X^T dU, and dW = diag(b) P2 - U dM^T:
+            # their columns go in slabs of at most 64, and dM in blocks (registers), so no [BT, D]
+            # or [D, D] tile is held whole
+            QW = operand(tl.where(lower, dot_rows(Q, W, src, m2, BT, DS, NS, HALF, PREC), 0.0), HALF)
+            dL = tl.zeros([BT, BT], dtype=tl.float32)
+            dQW = tl.zeros([BT, BT], dtype=tl.float32)
+            db = tl.zeros([BT], dtype=tl.float32)
             for c in tl.static_range(NS):
-                dw = tl.load(DW + src + c * DS, mask=m2, other=0.0)
-                dw += dQW_down * tl.dot(tl.trans(dQWs), load_op(Q, src + c * DS, m2, HALF), input_precision=PREC)
-                tl.store(DW + src + c * DS, dw, mask=m2)
+                dqt, dqt_down = scaled(tl.load(DQT + dst + c * DS), HALF)
+                du = -dqt_down * tl.dot(tl.trans(QW), dqt, input_precision=PREC)
+                for r in tl.static_range(NS):
+                    dm, dm_down = scaled(tl.load(DP + dpi + (r * DS * D + c * DS), volatile=True), HALF)
+                    du -= dm_down * tl.dot(load_op(W, src + r * DS, m2, HALF), dm, input_precision=PREC)
+                du, du_down = scaled(du, HALF)
+                P2 = du_down * tl.dot(tl.trans(inverse(XS, si, HALF)), du, input_precision=PREC)
+                w = load_f32(W, src + c * DS, m2)
+                db += tl.sum(P2 * w, 1)
+                u = operand(tl.dot(inverse(XS, si, HALF), operand(w * beta[:, None], HALF),
+                                   input_precision=XPREC), HALF)
+                P2s, P2_down = scaled(P2, HALF)
+                dL += P2_down * tl.dot(P2s, tl.trans(u), input_precision=PREC)
+                dQW -= dqt_down * tl.dot(dqt, tl.trans(u), input_precision=PREC)
+                if NS == 1:  # dQW is complete (QW = tril(Q W^T)): dW takes dQW^T Q before its store
+                    dQW = tl.where(lower, tl.load(DQWK + si) + dQW, 0.0)
+                    dQWs, dQW_down = scaled(dQW, HALF)
+                for r in tl.static_range(NS):  # dW's slab r: -U_c (dM's block (r, c))^T
+                    dm, dm_down = scaled(tl.load(DP + dpi + (r * DS * D + c * DS), volatile=True), HALF)
+                    dw = -dm_down * tl.dot(u, tl.trans(dm), input_precision=PREC)
+                    if r == c:
+                        dw += P2 * beta[:, None]
+                    if c > 0:
+                        dw += tl.load(DW + src + r * DS, mask=m2, other=0.0)
+                    if NS == 1:
+                        dw += dQW_down * tl.dot(tl.trans(dQWs), load_op(Q, src, m2, HALF), input_precision=PREC)
+                    tl.store(DW + src + r * DS, dw, mask=m2)
+            tl.store(DBETA + bt, tl.load(DBETA + bt, mask=valid, other=0.0) + db, mask=valid)
+            tl.store(DSI + si, tl.load(DSI + si) - dL)
+            if NS > 1:  # dQW is complete: dW += dQW^T Q, slab by slab (registers)
+                dQWs, dQW_down = scaled(tl.where(lower, tl.load(DQWK + si) + dQW, 0.0), HALF)
+                tl.debug_barrier()  # dW is read back by other threads
+                for c in tl.static_range(NS):
+                    dw = tl.load(DW + src + c * DS, mask=m2, other=0.0)
+                    dw += dQW_down * tl.dot(tl.trans(dQWs), load_op(Q, src + c * DS, m2, HALF), input_precision=PREC)
+                    tl.store(DW + src + c * DS, dw, mask=m2)
+        else:
+            # dU and with it P2 are zero: dQW is part 0's, and dW begins with dQW^T Q
+            dQWs, dQW_down = scaled(tl.where(lower, tl.load(DQWK + si), 0.0), HALF)
+            for c in tl.static_range(NS):
+                tl.store(DW + src + c * DS,
+                         dQW_down * tl.dot(tl.trans(dQWs), load_op(Q, src + c * DS, m2, HALF), input_precision=PREC),
+                         mask=m2)
         # dQ += dQW W
         for c in tl.static_range(NS):
             dq = tl.load(DQ + src + c * DS, mask=m2, other=0.0)
@@ -153,23 +164,24 @@ def prep_bwd_kernel(
     else:
         # R = diag(b) M2 with M2 = X^T W, dR = -WK dKt, P3 = X diag(b) dR: column slabs, as in
         # part 1
-        WK = tl.where(strict, dot_rows(W, K, src, m2, BT, DS, NS, HALF, PREC), 0.0)
         dL = tl.zeros([BT, BT], dtype=tl.float32)
         dWK = tl.zeros([BT, BT], dtype=tl.float32)
         db = tl.zeros([BT], dtype=tl.float32)
-        for c in tl.static_range(NS):
-            dkt, dkt_down = scaled(tl.load(DKT + dst + c * DS), HALF)
-            dR = -dkt_down * tl.dot(operand(WK, HALF), dkt, input_precision=PREC)
-            dRb, dRb_down = scaled(dR * beta[:, None], HALF)
-            P3 = dRb_down * tl.dot(inverse(XS, si, HALF), dRb, input_precision=PREC)
-            M2 = tl.dot(tl.trans(inverse(XS, si, HALF)), load_op(W, src + c * DS, m2, HALF),
-                        input_precision=XPREC)
-            db += tl.sum(dR * M2, 1)
-            P3s, P3_down = scaled(P3, HALF)
-            dL -= P3_down * tl.dot(operand(M2, HALF), tl.trans(P3s), input_precision=PREC)
-            dWK -= dkt_down * tl.dot(operand(M2 * beta[:, None], HALF), tl.trans(dkt), input_precision=PREC)
-            if NS > 1:  # where the head is one slab, P3 joins dW's other terms below
-                tl.store(DW + src + c * DS, tl.load(DW + src + c * DS, mask=m2, other=0.0) + P3, mask=m2)
+        if CARRIED:
+            WK = tl.where(strict, dot_rows(W, K, src, m2, BT, DS, NS, HALF, PREC), 0.0)
+            for c in tl.static_range(NS):
+                dkt, dkt_down = scaled(tl.load(DKT + dst + c * DS), HALF)
+                dR = -dkt_down * tl.dot(operand(WK, HALF), dkt, input_precision=PREC)
+                dRb, dRb_down = scaled(dR * beta[:, None], HALF)
+                P3 = dRb_down * tl.dot(inverse(XS, si, HALF), dRb, input_precision=PREC)
+                M2 = tl.dot(tl.trans(inverse(XS, si, HALF)), load_op(W, src + c * DS, m2, HALF),
+                            input_precision=XPREC)
+                db += tl.sum(dR * M2, 1)
+                P3s, P3_down = scaled(P3, HALF)
+                dL -= P3_down * tl.dot(operand(M2, HALF), tl.trans(P3s), input_precision=PREC)
+                dWK -= dkt_down * tl.dot(operand(M2 * beta[:, None], HALF), tl.trans(dkt), input_precision=PREC)
+                if NS > 1:  # where the head is one slab, P3 joins dW's other terms below
+                    tl.store(DW + src + c * DS, tl.load(DW + src + c * DS, mask=m2, other=0.0) + P3, mask=m2)
         # dL and dWK are complete: L = strictly_lower(diag(b) W W^T), WK = strictly_lower(W K^T)
         dL = tl.where(strict, tl.load(DSI + si) + dL, 0.0)
         dWK, dWK_down = scaled(tl.where(strict, tl.load(DQWK + si_t) + dWK, 0.0), HALF)
@@ -180,7 +192,7 @@ def prep_bwd_kernel(
             tl.debug_barrier()  # dW is read back by other threads
         for c in tl.static_range(NS):
             dw = tl.load(DW + src + c * DS, mask=m2, other=0.0)
-            if NS == 1:
+            if CARRIED and NS == 1:
                 dw += P3
             w = load_op(W, src + c * DS, m2, HALF)
             dw += dLb_down * (tl.dot(dLb, w, input_precision=PREC) + tl.dot(tl.trans(dLb), w, input_precision=PREC))
@@ -200,7 +212,8 @@ def prep_backward(part, q, k, w, beta, dQt, dKt, dSI, dM, X, dQWK, dq, dk, dq_ou
     [B, H, Tp, D]; dSI: the intra-block logits' gradient [B, H, N, BT, BT], overwritten with dL;
     dM: [B, H, N, D, D]; X: the block inverses; dQWK: scratch [B, H, N, BT, BT]; dGl: the gate's
     intra-block gradient [B, H, Tp]. dq and dk sum in float32; the part that completes each
-    writes it to dq_out and dk_out (which may be dq and dk). Absent inputs are stubs."""
+    writes it to dq_out and dk_out (which may be dq and dk). With one block (N = 1) dQt, dKt
+    and dM are zero and not read. Absent inputs are stubs."""
     B, T, H, D = q.shape
     N, BT = dSI.shape[2], dSI.shape[-1]
     prep_bwd_kernel[(N, B * H)](
@@ -208,5 +221,5 @@ def prep_backward(part, q, k, w, beta, dQt, dKt, dSI, dM, X, dQWK, dq, dk, dq_ou
         dq, dk, dq_out, dk_out, dw, dbeta, dGl,
         T, H, N, float(scale),
         D=D, BT=BT, PART=part, HAS_HH=has_hh, HAS_GATE=has_gate, PREC=prec, XPREC=xprec, HALF=half,
-        **launch_opts,
+        CARRIED=N > 1, **launch_opts,
     )

@@ -14,11 +14,13 @@ def prep_fwd_kernel(
     T, H, N, scale,
     D: tl.constexpr, BT: tl.constexpr,
     HAS_HH: tl.constexpr, HAS_GATE: tl.constexpr, PREC: tl.constexpr, HPREC: tl.constexpr,
-    SAVE_X: tl.constexpr, XPREC: tl.constexpr, HALF: tl.constexpr,
+    SAVE_X: tl.constexpr, XPREC: tl.constexpr, HALF: tl.constexpr, CARRIED: tl.constexpr,
 ):
     # One program per (block ib, batch*head bh). Q, K, W: [B, T, H, D] and BETA: [B, T, H], read in
     # place; G: [B, H, Tp]; writes QT, KT: [B, H, Tp, D], MB: [B, H, N, D, D], SI and XO:
     # [B, H, N, BT, BT]. Without w (HAS_HH false) Qt = Q, Kt = K and S = scale Q K^T (+ gate).
+    # Qt, Kt and M serve the pairs of different blocks only: without CARRIED (one block) they
+    # are left unwritten.
     ib = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -47,8 +49,9 @@ def prep_fwd_kernel(
             g = tl.load(G + bh * Tp + t)
             s += g[:, None] - g[None, :]
         tl.store(SI + si, s)
-        tl.store(QT + dst, q.to(QT.dtype.element_ty))
-        tl.store(KT + dst, k.to(KT.dtype.element_ty))
+        if CARRIED:
+            tl.store(QT + dst, q.to(QT.dtype.element_ty))
+            tl.store(KT + dst, k.to(KT.dtype.element_ty))
     else:
         # Everything goes by column slabs of at most 64 (registers): first the sums over the
         # head dimension, then the columns of U, R, Qt, Kt and the blocks of M, which are
@@ -95,32 +98,34 @@ def prep_fwd_kernel(
             g = tl.load(G + bh * Tp + t)
             s += g[:, None] - g[None, :]
         tl.store(SI + si, s)
-        # per column slab: U = X diag(beta) W, R = diag(beta) X^T W, the queries moved to the
-        # block start Qt = Q - QW U, the keys moved to its end Kt = K - WK^T R, and the
-        # column slab of the block's product M = I - W^T U, in row slabs
-        QW = operand(QW, HALF)
-        WK = operand(WK, HALF)
-        for c in tl.static_range(D // DS):
-            src_c = t[:, None] * (H * D) + c * DS + slab[None, :]
-            dst_c = t[:, None] * D + c * DS + slab[None, :]
-            w = load_f32(W, src_c, m2)
-            u = operand(tl.dot(X, operand(w * beta[:, None], HALF), input_precision=HPREC), HALF)
-            q = load_f32(Q, src_c, m2)
-            tl.store(QT + dst_c, (q - tl.dot(QW, u, input_precision=PREC)).to(QT.dtype.element_ty))
-            r = tl.dot(tl.trans(X), operand(w, HALF), input_precision=HPREC) * beta[:, None]
-            k = load_f32(K, src_c, m2)
-            tl.store(KT + dst_c, (k - tl.dot(tl.trans(WK), operand(r, HALF), input_precision=PREC))
-                     .to(KT.dtype.element_ty))
-            for rs in tl.static_range(D // DS):
-                ws = load_op(W, t[:, None] * (H * D) + rs * DS + slab[None, :], m2, HALF)
-                eye = tl.where((rs * DS + slab)[:, None] == (c * DS + slab)[None, :], 1.0, 0.0)
-                mb = eye - tl.dot(tl.trans(ws), u, input_precision=HPREC)
-                tl.store(MB + (bh * N + ib) * D * D + (rs * DS + slab)[:, None] * D + c * DS + slab[None, :],
-                         mb.to(MB.dtype.element_ty))
+        if CARRIED:
+            # per column slab: U = X diag(beta) W, R = diag(beta) X^T W, the queries moved to the
+            # block start Qt = Q - QW U, the keys moved to its end Kt = K - WK^T R, and the
+            # column slab of the block's product M = I - W^T U, in row slabs
+            QW = operand(QW, HALF)
+            WK = operand(WK, HALF)
+            for c in tl.static_range(D // DS):
+                src_c = t[:, None] * (H * D) + c * DS + slab[None, :]
+                dst_c = t[:, None] * D + c * DS + slab[None, :]
+                w = load_f32(W, src_c, m2)
+                u = operand(tl.dot(X, operand(w * beta[:, None], HALF), input_precision=HPREC), HALF)
+                q = load_f32(Q, src_c, m2)
+                tl.store(QT + dst_c, (q - tl.dot(QW, u, input_precision=PREC)).to(QT.dtype.element_ty))
+                r = tl.dot(tl.trans(X), operand(w, HALF), input_precision=HPREC) * beta[:, None]
+                k = load_f32(K, src_c, m2)
+                tl.store(KT + dst_c, (k - tl.dot(tl.trans(WK), operand(r, HALF), input_precision=PREC))
+                         .to(KT.dtype.element_ty))
+                for rs in tl.static_range(D // DS):
+                    ws = load_op(W, t[:, None] * (H * D) + rs * DS + slab[None, :], m2, HALF)
+                    eye = tl.where((rs * DS + slab)[:, None] == (c * DS + slab)[None, :], 1.0, 0.0)
+                    mb = eye - tl.dot(tl.trans(ws), u, input_precision=HPREC)
+                    tl.store(MB + (bh * N + ib) * D * D + (rs * DS + slab)[:, None] * D + c * DS + slab[None, :],
+                             mb.to(MB.dtype.element_ty))
 
 
 def prep_forward(q, k, w, beta, G, scale, BT, N, prec, sd, half, launch_opts, save_x):
-    """Block-local algebra, one program per (block, batch*head): (Qt, Kt, M, SI, X).
+    """Block-local algebra, one program per (block, batch*head): (Qt, Kt, M, SI, X). With one
+    block (N = 1) Qt, Kt and M are left unwritten: they serve only pairs of different blocks.
 
     q, k, w: [B, T, H, D]; beta: [B, T, H]; G: the gate's cumulative sum [B, H, Tp] in base 2, or
     None. Qt, Kt: [B, H, Tp, D] in sd (Tp = N BT); M: the block products [B, H, N, D, D], None
@@ -145,6 +150,7 @@ def prep_forward(q, k, w, beta, G, scale, BT, N, prec, sd, half, launch_opts, sa
         Qt, Kt, stub if Mb is None else Mb, SI, stub if X is None else X,
         T, H, N, float(scale),
         D=D, BT=BT, HAS_HH=has_hh, HAS_GATE=G is not None, PREC=prec, HPREC=factor_precision(q.dtype, dev),
-        SAVE_X=X is not None, XPREC=inversion_precision(q.dtype, dev), HALF=half, **launch_opts,
+        SAVE_X=X is not None, XPREC=inversion_precision(q.dtype, dev), HALF=half, CARRIED=N > 1,
+        **launch_opts,
     )
     return Qt, Kt, Mb, SI, X

@@ -168,11 +168,12 @@ class KernelSettings:
                 best, best_eff = ng, eff
         return best
 
-    def query_blocks(self, kernel: str, D: int) -> int:
+    def query_blocks(self, kernel: str, D: int, N: int) -> int:
         """Query blocks a program of kernel ("fwd", "within", "cross_q") takes as one tile at head
-        size D: 2 where the kernel's pairs field says so, else 1."""
+        size D in a sequence of N blocks: 2 where the kernel's pairs field says so, else 1 (and 1
+        for one block, which a pair would pad to twice its rows)."""
         pairs = {"fwd": self.fwd_pairs, "within": self.within_pairs, "cross_q": self.cross_q_pairs}[kernel]
-        return 2 if D in pairs else 1
+        return 2 if D in pairs and N > 1 else 1
 
     def half_blocks(self, dtype: torch.dtype, D: int) -> bool:
         """Whether the block-local kernels take float16 operands (HALF) for inputs of dtype (the
