@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The engine's measurements on one GPU (results/engine/README.md), from the repository root, in
 # commands of at most ten minutes each:
-#   OLD=DIR [CONV=DIR2] bash results/engine/gpu_run.sh start 560   # the first command
+#   OLD=DIR [AGAINST="NAME:DIR2 ..."] bash results/engine/gpu_run.sh start 560   # the first command
 #   bash results/engine/gpu_run.sh wait 590            # each later one, while the machine is held
-# DIR holds the engine before this one, unpacked (git archive c27954c | tar -x -C DIR); DIR2, if
-# given, the tree of 97100d8, the last whose models convolved w with F.conv1d.
+# DIR holds the engine before this one, unpacked (git archive c27954c | tar -x -C DIR); each
+# NAME:DIR2 of AGAINST a tree before one change to PaTH's step, to measure it alone (conv:
+# 97100d8, the last to convolve w with F.conv1d; oneblock: 6be754b, the last whose kernel
+# computed the block products of one-block sequences).
 # `start` installs pathbench (and the old engine beside it) and starts the measurements in their
 # own process session, one after another:
-#   1. with CONV, bench train of PaTH and PaTH-FoX against DIR2's, in bench_conv.csv;
+#   1. for each NAME:DIR2 of AGAINST, bench train of PaTH and PaTH-FoX against DIR2's, in
+#      bench_NAME.csv;
 #   2. bench train, new and old side by side, at the word-problem shape (rows are written as
 #      they are measured and a row measured already is not measured again);
 #   3. the same small sweep (A5 at length 12, RoPE and PaTH, 3 and 4 layers, 2 learning rates x
@@ -43,11 +46,12 @@ profile() {  # bench step of attention $1 on backend $2 at the word-problem shap
 
 measure() {  # the measurements, each skipped once its file says it is done
   cd "$1" || exit 5
-  # with CONV (the tree of 97100d8, whose models convolve w with F.conv1d): the sum of shifted
-  # products alone, PaTH against PaTH
-  [ -n "${CONV_TREE:-}" ] && python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 \
-    --attentions path,path_fox --packs 9,64 --steps 400 --interval 100 \
-    --against "$CONV_TREE" --out $live/bench_conv.csv
+  # PaTH against PaTH before each change named in AGAINST
+  for entry in ${AGAINST:-}; do
+    python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions path,path_fox \
+      --packs 9,64 --steps 400 --interval 100 --against "$(cd "${entry#*:}" && pwd)" \
+      --out $live/bench_${entry%%:*}.csv
+  done
   # the headline: RoPE and PaTH at the word-problem shape, alone, as a pack of 9 (a cell of 3
   # learning rates x 3 seeds, the largest a sweep trains together) and of 64
   python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions rope,path \
@@ -100,7 +104,6 @@ if [ "$mode" = start ]; then
   sed -i 's/^    derived.__qualname__ = /    derived.__module__ = task_class.__module__\n&/' \
     $live/old_tree/tasks/base.py
   export OLD_TREE=$live/old_tree
-  [ -n "${CONV:-}" ] && export CONV_TREE=$(cd "$CONV" && pwd)
   python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 4
   python3 -m pip install -q --no-deps --no-build-isolation --target $live/old_site \
     "$OLD_TREE" >/dev/null 2>&1 || exit 4
