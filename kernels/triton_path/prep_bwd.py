@@ -192,8 +192,9 @@ def prep_bwd_kernel(
             tl.debug_barrier()  # dW is read back by other threads
         for c in tl.static_range(NS):
             dw = tl.load(DW + src + c * DS, mask=m2, other=0.0)
-            if CARRIED and NS == 1:
-                dw += P3
+            if CARRIED:
+                if NS == 1:
+                    dw += P3
             w = load_op(W, src + c * DS, m2, HALF)
             dw += dLb_down * (tl.dot(dLb, w, input_precision=PREC) + tl.dot(tl.trans(dLb), w, input_precision=PREC))
             dw += dWK_down * tl.dot(dWK, load_op(K, src + c * DS, m2, HALF), input_precision=PREC)
