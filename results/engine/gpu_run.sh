@@ -9,8 +9,7 @@
 # computed the block products of one-block sequences).
 # `start` installs pathbench (and the old engine beside it) and starts the measurements in their
 # own process session, one after another:
-#   1. for each NAME:DIR2 of AGAINST, bench train of PaTH and PaTH-FoX against DIR2's, in
-#      bench_NAME.csv;
+#   1. for each NAME:DIR2 of AGAINST, bench train of PaTH against DIR2's, in bench_NAME.csv;
 #   2. bench train, new and old side by side, at the word-problem shape (rows are written as
 #      they are measured and a row measured already is not measured again);
 #   3. the same small sweep (A5 at length 12, RoPE and PaTH, 3 and 4 layers, 2 learning rates x
@@ -48,7 +47,7 @@ measure() {  # the measurements, each skipped once its file says it is done
   cd "$1" || exit 5
   # PaTH against PaTH before each change named in AGAINST
   for entry in ${AGAINST:-}; do
-    python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions path,path_fox \
+    python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions path \
       --packs 9,64 --steps 400 --interval 100 --against "$(cd "${entry#*:}" && pwd)" \
       --out $live/bench_${entry%%:*}.csv
   done
