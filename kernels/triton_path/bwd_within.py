@@ -116,13 +116,14 @@ def within_scan_kernel(
     last = start + QB * ((end - 1 - start) // QB)
     for zb in range(last + QB - 1, end):
         offs_z = zb * BT + krows
-        tl.store(DK + offs_z[:, None] * D + cols[None, :], tl.zeros([BT, D], dtype=tl.float32))
         if HAS_GATE:
             tl.store(DGCOL + offs_z, tl.zeros([BT], dtype=tl.float32))
-        if HAS_HH:
-            for sl in tl.static_range(D // DS):
-                tl.store(DM + zb * D * D + (sl * DS + tl.arange(0, DS))[:, None] * D + cols[None, :],
-                         tl.zeros([DS, D], dtype=tl.float32))
+        if N > 1:  # with one block nothing reads dKt and dL/dM
+            tl.store(DK + offs_z[:, None] * D + cols[None, :], tl.zeros([BT, D], dtype=tl.float32))
+            if HAS_HH:
+                for sl in tl.static_range(D // DS):
+                    tl.store(DM + zb * D * D + (sl * DS + tl.arange(0, DS))[:, None] * D + cols[None, :],
+                             tl.zeros([DS, D], dtype=tl.float32))
     for ib in range(start, end, QB):
         # the previous tile's reads of RS and the partial sums are done
         tl.debug_barrier()
@@ -215,7 +216,8 @@ def within_scan_kernel(
                 # dr is dL/d(queries before block jb); carry it back across the block
                 dr = back_across(dr, r, rs_j, rows, DM, MB, jb, added, cols, D, D > 64, ADJ16, PREC, dm)
             dr = tl.dot(dsb, kt, acc=dr, input_precision=PREC)
-        tl.store(DQT + tile_i, dr, mask=((rows >= (QB - 1) * BT) & valid)[:, None])
+        if N > 1:  # nor dQt
+            tl.store(DQT + tile_i, dr, mask=((rows >= (QB - 1) * BT) & valid)[:, None])
         tl.store(DGROW + offs_i, dg_row, mask=valid)
 
 
@@ -223,7 +225,8 @@ def within_scan(Qt, Kt, V, vs, dO, dos, O, Mb, G, SI, lse, delta, dQt, dKt, dV, 
                 scale, adj16, scan, replay_dtype, launch_opts):
     """Set the gradients of the pairs of blocks within each chunk of C blocks: dQt, dKt, dV
     [B, H, Tp, D], dM [B, H, N, D, D], and the gate's rows and columns dGrow, dGcol [B, H, Tp], all
-    float32; every element is set, none read first. NG programs a chunk with consecutive query
+    float32; every element is set, none read first, except dQt, dKt and dM with one block (N =
+    1), which nothing reads then. NG programs a chunk with consecutive query
     tiles of QB blocks (several only when one chunk spans the sequence); the sums of all but the
     last are packed, and added to the last one's in program order.
 
