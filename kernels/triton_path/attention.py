@@ -232,7 +232,7 @@ def _backward(q, k, v, w, beta, log_fgate, scale, O, LSE, grad_out, settings, ke
         QBw = settings.query_blocks("within", D, N)
         NGw = settings.num_groups(-(-N // QBw), B * H, dev, opts("within").get("num_warps")) if NC == 1 else 1
         dQt = torch.empty(B, H, Tp, D, **f32)
-        # (the scan sets every one of its sums: no zeros here)
+        # (the scan sets every sum that is read afterwards: no zeros here)
         dKt = torch.empty(B, H, Tp, D, **f32)
         dV = torch.empty(B, H, Tp, D, **f32)
         dM = torch.empty(B, H, N, D, D, **f32) if has_hh else stub

@@ -225,10 +225,10 @@ def within_scan(Qt, Kt, V, vs, dO, dos, O, Mb, G, SI, lse, delta, dQt, dKt, dV, 
                 scale, adj16, scan, replay_dtype, launch_opts):
     """Set the gradients of the pairs of blocks within each chunk of C blocks: dQt, dKt, dV
     [B, H, Tp, D], dM [B, H, N, D, D], and the gate's rows and columns dGrow, dGcol [B, H, Tp], all
-    float32; every element is set, none read first, except dQt, dKt and dM with one block (N =
-    1), which nothing reads then. NG programs a chunk with consecutive query
-    tiles of QB blocks (several only when one chunk spans the sequence); the sums of all but the
-    last are packed, and added to the last one's in program order.
+    float32; every element is set, none read first, but dQt, dKt and dM with one block (N = 1),
+    which nothing reads then. NG programs a chunk with consecutive query tiles of QB blocks
+    (several only when one chunk spans the sequence); the sums of all but the last are packed,
+    and added to the last one's in program order.
 
     Qt, Kt: [B, H, Tp, D]; V, dO: [B, T, H, D] read in place, with their strides vs and dos
     (batch, time, head); O: the output [B, H, T, D]; Mb: [B, H, N, D, D]; G: [B, H, Tp]; SI: the
