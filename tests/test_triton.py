@@ -353,13 +353,10 @@ def test_scan_programs_fill_the_gpu_by_their_own_warps(monkeypatch):
     assert DEFAULT_SETTINGS.num_groups(3, 16, gpu, 4) == 3
 
 
-@pytest.mark.skipif(CUDA, reason="interpreter settings")
-@pytest.mark.parametrize("chunks", [(1000,), (2,), (2, 4)], ids=["one chunk", "chunks", "levels"])
-def test_no_buffer_is_read_before_it_is_written(monkeypatch, chunks):
-    """Every buffer the kernels use comes from torch.empty, here filled with NaN: a sum that starts
-    from what was there, not from zero, shows; so does a product with a value left unset, even
-    times zero. One chunk in two programs, chunks of two blocks, or those crossed inside chunks
-    of four; query blocks in pairs at D = 16; with and without w and the gate."""
+@pytest.fixture
+def nan_buffers(monkeypatch):
+    """torch.empty and torch.empty_like fill floating-point tensors with NaN: a kernel that reads
+    a buffer before writing it shows, in a sum or even in a product with zero."""
     empty, empty_like = torch.empty, torch.empty_like
 
     def filled(x):
@@ -367,6 +364,15 @@ def test_no_buffer_is_read_before_it_is_written(monkeypatch, chunks):
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: filled(empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: filled(empty_like(*a, **k)))
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter settings")
+@pytest.mark.parametrize("chunks", [(1000,), (2,), (2, 4)], ids=["one chunk", "chunks", "levels"])
+def test_no_buffer_is_read_before_it_is_written(nan_buffers, chunks):
+    """Every buffer the kernels use comes from torch.empty, here filled with NaN: a sum that starts
+    from what was there, not from zero, shows; so does a product with a value left unset, even
+    times zero. One chunk in two programs, chunks of two blocks, or those crossed inside chunks
+    of four; query blocks in pairs at D = 16; with and without w and the gate."""
     settings = replace(DEFAULT_SETTINGS, **in_pairs(16), interpret_chunks=chunks, interpret_groups=2)
     T = 128 if len(chunks) > 1 else 109  # eight blocks: the levels divide them
     N = -(-T // settings.interpret_block)
@@ -376,18 +382,11 @@ def test_no_buffer_is_read_before_it_is_written(monkeypatch, chunks):
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter settings")
-def test_one_block_needs_no_moved_queries_keys_or_block_products(monkeypatch):
+def test_one_block_needs_no_moved_queries_keys_or_block_products(nan_buffers):
     """A sequence of one block has no pair of different blocks: its queries and keys moved across
     the block, the block's product and their gradients are neither computed nor read (buffers
     from torch.empty filled with NaN show a read), with query blocks in pairs asked for at every
     head size; with and without w and the gate."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def filled(x):
-        return x.fill_(float("nan")) if x.is_floating_point() else x
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: filled(empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: filled(empty_like(*a, **k)))
     settings = replace(DEFAULT_SETTINGS, **in_pairs(*SUPPORTED_HEAD_DIMS))
     for T, D, hh, gate in ((16, 16, True, True), (9, 32, True, False), (1, 16, True, True),
                            (12, 16, False, True), (5, 32, False, False)):
