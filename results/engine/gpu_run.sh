@@ -9,11 +9,12 @@
 # computed the block products of one-block sequences).
 # `start` installs pathbench (and the old engine beside it) and starts the measurements in their
 # own process session, one after another:
-#   1. for each NAME:DIR2 of AGAINST, bench train of PaTH against DIR2's, in bench_NAME.csv;
+#   1. the same small sweep (A5 at length 12, RoPE and PaTH, 3 and 4 layers, 2 learning rates x
+#      3 seeds, 10,000 steps: 24 runs) with the old engine, then the new, each timed, under CUDA
+#      MPS; first, since its wall time must come from one machine;
 #   2. bench train, new and old side by side, at the word-problem shape (rows are written as
 #      they are measured and a row measured already is not measured again);
-#   3. the same small sweep (A5 at length 12, RoPE and PaTH, 3 and 4 layers, 2 learning rates x
-#      3 seeds, 10,000 steps: 24 runs) with the old engine, then the new, each timed;
+#   3. for each NAME:DIR2 of AGAINST, bench train of PaTH against DIR2's, in bench_NAME.csv;
 #   4. bench step: where a step's time goes, RoPE and PaTH at A5 length 12, 4 layers, pack 64;
 #   5. bench train at the other shapes, attentions and packs, one shape of each task first;
 #   6. bench step of PaTH on its torch backend.
@@ -35,6 +36,21 @@ sweep_args=(a5 --models rope,path --layers 3,4 --lrs 1e-3,3e-4 --seeds 0-2 --ste
             --batch-size 256 --preset paper --set task.length=12 --set train.early_stop=0.95
             --workers 4 --device cuda)
 
+mps() {  # CUDA MPS on or off for the processes started after it
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  if [ $1 = on ] && command -v nvidia-cuda-mps-control >/dev/null; then
+    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+    pgrep -f "nvidia-cuda-mps-control -d" >/dev/null || nvidia-cuda-mps-control -d
+    timeout 60 python3 -c 'import torch; torch.ones(1, device="cuda").sum().item()'
+    [ -n "$(echo get_server_list | nvidia-cuda-mps-control 2>/dev/null)" ] &&
+      { echo "CUDA MPS on"; return; }
+    echo "CUDA MPS not available; workers time-share the GPU"
+  fi
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  [ $1 = off ] && echo "CUDA MPS off"
+}
+
 profile() {  # bench step of attention $1 on backend $2 at the word-problem shape, pack 64
   local name=step_$1$([ $2 = auto ] || echo _$2).txt
   [ -s $live/$name ] && return
@@ -45,16 +61,10 @@ profile() {  # bench step of attention $1 on backend $2 at the word-problem shap
 
 measure() {  # the measurements, each skipped once its file says it is done
   cd "$1" || exit 5
-  # PaTH against PaTH before each change named in AGAINST
-  for entry in ${AGAINST:-}; do
-    python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions path \
-      --packs 9,64 --steps 400 --interval 100 --against "$(cd "${entry#*:}" && pwd)" \
-      --out $live/bench_${entry%%:*}.csv
-  done
-  # the headline: RoPE and PaTH at the word-problem shape, alone, as a pack of 9 (a cell of 3
-  # learning rates x 3 seeds, the largest a sweep trains together) and of 64
-  python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions rope,path \
-    --packs 1,9,64 --steps 400 --interval 100 --against "$OLD_TREE" --out $live/bench_train.csv
+  # the sweep, old engine then new, both under CUDA MPS (the old engine's best setting: its
+  # workers' kernels run at the same time instead of taking turns); MPS stops after them, so
+  # that the measurements after them run each process alone, as before
+  mps on
   for engine in old new; do
     [ -f $live/sweep_$engine.done ] && continue
     rm -rf $live/runs_$engine
@@ -66,6 +76,17 @@ measure() {  # the measurements, each skipped once its file says it is done
       python3 -m pathbench.runners.cli sweep "${sweep_args[@]}" --out $live/runs_$engine
     fi >$live/sweep_$engine.log 2>&1 &&
       echo "wall_s $(( $(date +%s) - started ))" >$live/sweep_$engine.done
+  done
+  mps off
+  # the headline: RoPE and PaTH at the word-problem shape, alone, as a pack of 9 (a cell of 3
+  # learning rates x 3 seeds, the largest a sweep trains together) and of 64
+  python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions rope,path \
+    --packs 1,9,64 --steps 400 --interval 100 --against "$OLD_TREE" --out $live/bench_train.csv
+  # PaTH against PaTH before each change named in AGAINST
+  for entry in ${AGAINST:-}; do
+    python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions path \
+      --packs 9,64 --steps 400 --interval 100 --against "$(cd "${entry#*:}" && pwd)" \
+      --out $live/bench_${entry%%:*}.csv
   done
   # where a step's time goes
   profile rope auto
@@ -111,7 +132,7 @@ if [ "$mode" = start ]; then
     git log -1 --format='tree of commit %H' 2>/dev/null; date -u; } >>$log 2>&1
   echo "== measurements start at $(date -u +%T)" >>$log
   root=$(pwd)
-  setsid bash -c "$(declare -p live sweep_args; declare -f profile measure); measure '$root'
+  setsid bash -c "$(declare -p live sweep_args; declare -f mps profile measure); measure '$root'
                   echo \"== measurements end at \$(date -u +%T)\"" >>$log 2>&1 </dev/null &
   sleep 5
 fi
