@@ -61,6 +61,9 @@ def test_bench_train_refuses_bad_choices_in_one_line(capsys):
                           "--interval", "2", "--device", "cpu", "--against", "no-such-rev")
     assert code == 2 and "--against no-such-rev: neither a folder holding a pathbench " \
         "checkout nor a revision git can archive" in stderr
+    code, _, stderr = cli(capsys, "bench", "train", "--shapes", "smoke", "--steps", "4",
+                          "--interval", "2", "--device", "cpu", "--against", "")
+    assert code == 2 and "--against is empty: give a git revision" in stderr
 
 
 def test_bench_train_measures_the_checkout_in_a_folder(tmp_path, capsys):

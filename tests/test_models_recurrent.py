@@ -85,7 +85,8 @@ def test_on_a_gpu_without_fla_core_a_mixer_says_how_to_install_it(monkeypatch):
 
 def test_a_sweep_packs_them_and_records_size_and_state(capsys, tmp_path):
     code, out, err = cli(capsys, "sweep", "a5", "--models", "deltanet,rwkv7", "--seeds", "0-1",
-                         "--pack", "2", "--set", "task.length=4", *TINY, "--out", tmp_path)
+                         "--pack", "2", "--set", "task.length=4", *TINY, "--device", "cpu",
+                         "--out", tmp_path)
     assert code == 0, err
     assert sweep_counts(out) == {"ok": 4}
     for path in tmp_path.glob("*/result.json"):
@@ -101,13 +102,13 @@ def test_a_figure_with_both_families_groups_its_legend(capsys, tmp_path):
     from pathbench.runners.analysis.records import load_frame
 
     code, _, err = cli(capsys, "sweep", "a5", "--models", "rope,path", "--layers",
-                       "1,2", "--set", "task.length=4", *TINY, "--out", tmp_path)
+                       "1,2", "--set", "task.length=4", *TINY, "--device", "cpu", "--out", tmp_path)
     assert code == 0, err
     # the mixer on its own backend, as the families sweep runs it: a setting of the model, not
     # a condition that splits the panels
     code, _, err = cli(capsys, "sweep", "a5", "--models", "deltanet", "--layers", "1,2",
                        "--set", "task.length=4", "--set", "model.backend=torch", *TINY,
-                       "--out", tmp_path)
+                       "--device", "cpu", "--out", tmp_path)
     assert code == 0, err
     figure, _ = render(load_frame(tmp_path))
     assert [ax.get_title() for ax in figure.axes if ax.get_visible() and ax.get_title()][0] \

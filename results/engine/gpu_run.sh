@@ -83,10 +83,10 @@ measure() {  # the measurements, each skipped once its file says it is done
   python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions rope,path \
     --packs 1,9,64 --steps 400 --interval 100 --against "$OLD_TREE" --out $live/bench_train.csv
   # PaTH against PaTH before each change named in AGAINST
-  for entry in ${AGAINST:-}; do
+  for name in $against; do
     python3 -m pathbench.runners.cli bench train --shapes a5-12-L4 --attentions path \
-      --packs 9,64 --steps 400 --interval 100 --against "$(cd "${entry#*:}" && pwd)" \
-      --out $live/bench_${entry%%:*}.csv
+      --packs 9,64 --steps 400 --interval 100 --against $live/against_$name \
+      --out $live/bench_$name.csv
   done
   # where a step's time goes
   profile rope auto
@@ -124,6 +124,12 @@ if [ "$mode" = start ]; then
   sed -i 's/^    derived.__qualname__ = /    derived.__module__ = task_class.__module__\n&/' \
     $live/old_tree/tasks/base.py
   export OLD_TREE=$live/old_tree
+  # the trees of AGAINST, copied too: the next command's working tree lacks them
+  against=
+  for entry in ${AGAINST:-}; do
+    rm -rf $live/against_${entry%%:*} && cp -a "${entry#*:}" $live/against_${entry%%:*} || exit 5
+    against="$against ${entry%%:*}"
+  done
   python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 4
   python3 -m pip install -q --no-deps --no-build-isolation --target $live/old_site \
     "$OLD_TREE" >/dev/null 2>&1 || exit 4
@@ -132,7 +138,7 @@ if [ "$mode" = start ]; then
     git log -1 --format='tree of commit %H' 2>/dev/null; date -u; } >>$log 2>&1
   echo "== measurements start at $(date -u +%T)" >>$log
   root=$(pwd)
-  setsid bash -c "$(declare -p live sweep_args; declare -f mps profile measure); measure '$root'
+  setsid bash -c "$(declare -p live sweep_args against; declare -f mps profile measure); measure '$root'
                   echo \"== measurements end at \$(date -u +%T)\"" >>$log 2>&1 </dev/null &
   sleep 5
 fi

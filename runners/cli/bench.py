@@ -135,6 +135,9 @@ def train(shapes, attentions, packs, steps, interval, device, against, out):
     if steps < 2 * interval:
         raise UserError(f"--steps must be at least twice --interval ({interval}), got {steps}: "
                         f"the time is read between two validation checks")
+    if against is not None and not against.strip():
+        raise UserError("--against is empty: give a git revision (e.g. HEAD~3) or the folder "
+                        "of a pathbench checkout")
     bench_train(shapes, attentions, packs, steps, interval, resolve_device(device), against,
                 out, echo=click.echo)
 
