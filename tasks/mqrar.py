@@ -160,52 +160,58 @@ class Mqrar(Task):
         return inputs, targets
 
     def sample_tensors(self, generator, num, split):
-        """`sample`'s stream of items, drawn with torch: the same steps on tensors."""
+        """`sample`'s stream of items, drawn with torch for all items at once.
+
+        Every item is two tokens, so a sequence holds ``length // 2`` items. An item is a query
+        with probability ``query_prob`` once some key has ``n_back`` assignments; before that
+        every item is an assignment, so that moment follows from the keys drawn alone, and
+        each item's kind, the assignment counts before it, the queried key and the answer
+        follow from cumulative sums and gathers over all items at once: a few dozen kernel
+        launches a draw, where a loop over items launches that many an item.
+        """
         import torch
+        import torch.nn.functional as F
 
         o, device = self.options, generator.device
-        length = o.length
-        first_value = o.num_keys
+        items = o.length // 2
+        first_value = o.num_keys  # token id of V0
         query, pad = first_value + o.num_values, first_value + o.num_values + 1
-        inputs = torch.full((num, length), pad, dtype=torch.int64, device=device)
-        targets = torch.full((num, length), IGNORE_INDEX, dtype=torch.int64, device=device)
-        recent = torch.zeros((num, o.num_keys, o.n_back), dtype=torch.int64, device=device)
-        assignments = torch.zeros((num, o.num_keys), dtype=torch.int64, device=device)
-        queryable_keys = torch.zeros(num, dtype=torch.int64, device=device)
-        position = torch.zeros(num, dtype=torch.int64, device=device)
-        active = torch.arange(num, device=device)
+        rows = torch.arange(num, device=device)[:, None]  # [N, 1]
 
-        def uniform(size):
-            return torch.rand(size, generator=generator, device=device)
+        def uniform():
+            return torch.rand((num, items), generator=generator, device=device)
 
-        while active.numel():
-            is_query = (uniform(active.numel()) < o.query_prob) & (queryable_keys[active] > 0)
-            size = torch.where(is_query, QUERY_TOKENS, ASSIGNMENT_TOKENS)
-            fits = position[active] + size <= length
-            active, is_query = active[fits], is_query[fits]
+        keys = torch.randint(0, o.num_keys, (num, items), generator=generator, device=device)
+        values = torch.randint(0, o.num_values, (num, items), generator=generator, device=device)
+        wants_query, choice = uniform(), uniform()
 
-            rows = active[~is_query]
-            keys = torch.randint(0, o.num_keys, (rows.numel(),), generator=generator,
-                                 device=device)
-            values = torch.randint(0, o.num_values, (rows.numel(),), generator=generator,
-                                   device=device)
-            at = position[rows]
-            inputs[rows, at] = keys
-            inputs[rows, at + 1] = first_value + values
-            recent[rows, keys] = torch.cat([values[:, None], recent[rows, keys, :-1]], dim=1)
-            assignments[rows, keys] += 1
-            queryable_keys[rows] += assignments[rows, keys] == o.n_back
-            position[rows] += ASSIGNMENT_TOKENS
+        def counts_before(one_hot):  # [N, I, K]: a key's items before each item
+            return torch.cumsum(one_hot, dim=1, dtype=torch.int32) - one_hot
 
-            rows = active[is_query]
-            queryable = assignments[rows] >= o.n_back
-            chosen = (uniform(rows.numel()) * queryable_keys[rows]).long()
-            keys = (queryable.cumsum(dim=1) > chosen[:, None]).int().argmax(dim=1)
-            at = position[rows]
-            inputs[rows, at] = query
-            inputs[rows, at + 1] = keys
-            targets[rows, at + 1] = first_value + recent[rows, keys, o.n_back - 1]
-            position[rows] += QUERY_TOKENS
+        one_hot = F.one_hot(keys, o.num_keys).to(torch.int32)  # [N, I, K]
+        # while no key has n_back assignments every item is one, so the first item that may
+        # be a query is where the keys drawn so far first repeat one n_back times
+        can_query = counts_before(one_hot).amax(dim=2) >= o.n_back  # [N, I]
+        is_query = (wants_query < o.query_prob) & can_query
+        assigned = counts_before(one_hot * ~is_query[..., None])  # [N, I, K]
+
+        # the query's key: the c-th of those with n_back assignments, c uniform
+        queryable = assigned >= o.n_back
+        chosen = (choice * queryable.sum(dim=2)).long()  # [N, I]
+        queried = (queryable.cumsum(dim=2) > chosen[..., None]).int().argmax(dim=2)
+        # value_of[n, k, r]: the value of key k's (r+1)-th assignment; queries write to the
+        # spare last slot
+        rank = assigned.gather(2, keys[..., None]).squeeze(2).long()  # [N, I]
+        value_of = torch.zeros((num, o.num_keys, items + 1), dtype=torch.int64, device=device)
+        value_of[rows, keys, torch.where(is_query, items, rank)] = values
+        before = assigned.gather(2, queried[..., None]).squeeze(2).long()  # [N, I]
+        answers = value_of[rows, queried, (before - o.n_back).clamp(min=0)]
+
+        inputs = torch.full((num, o.length), pad, dtype=torch.int64, device=device)
+        targets = torch.full((num, o.length), IGNORE_INDEX, dtype=torch.int64, device=device)
+        inputs[:, 0:2 * items:2] = torch.where(is_query, query, keys)
+        inputs[:, 1:2 * items:2] = torch.where(is_query, queried, first_value + values)
+        targets[:, 1:2 * items:2] = torch.where(is_query, first_value + answers, IGNORE_INDEX)
         return inputs, targets
 
     def baselines(self, dataset, split):

@@ -115,6 +115,25 @@ def test_mqrar_answers_are_the_nth_latest_assignment_and_queries_come_as_often()
         assert close((inputs == token).mean(), (cpu.inputs == token).mean(), inputs.size)
     assert close((targets != IGNORE_INDEX).mean(), (cpu.targets != IGNORE_INDEX).mean(),
                  targets.size)
+    # when queries may start, and which key a query picks among those it may
+    device_items, cpu_items = mqrar_items(inputs, query), mqrar_items(cpu.inputs, query)
+    for statistic in ("queries_by_item", "queried_keys", "asks_the_key_just_assigned"):
+        for mine, theirs in zip(device_items[statistic], cpu_items[statistic]):
+            assert close(mine, theirs, NUM)
+
+
+def mqrar_items(inputs, query) -> dict:
+    """Per item (two tokens): how often it is a query, for the first 8 items (the first
+    query may come after n_back assignments to one key); how often queries ask for each key;
+    and how often a query that follows an assignment asks for that assignment's key."""
+    is_query = inputs[:, 0::2] == query
+    key = np.where(is_query, inputs[:, 1::2], inputs[:, 0::2])
+    after_assignment = is_query[:, 1:] & ~is_query[:, :-1]
+    same_key = (key[:, 1:] == key[:, :-1])[after_assignment]
+    queried = key[is_query]
+    return {"queries_by_item": is_query[:, :8].mean(axis=0),
+            "queried_keys": [(queried == k).mean() for k in range(key.max() + 1)],
+            "asks_the_key_just_assigned": [same_key.mean()]}
 
 
 def test_a_task_without_a_device_sampler_says_so():
