@@ -286,12 +286,16 @@ def test_shipped_sweep_files_resolve():
     # long enough to pass the control (N = 1) or to show that a model does not: runs end on
     # a plateau (patience), not at a step cap set by the budget
     assert {(c.train.steps, c.train.patience) for c in mqrar.runs("cuda")} == {(5000, 5)}
-    # Flip-flop's Table 1 searches a decade of learning rates around 1e-3, word problems 3e-4
-    # (deep models) and 1e-3 (shallow ones), MQRAR 1e-3 alone; a cell's runs pack as --pack
-    # auto decides, but MQRAR's, which fill the GPU alone.
-    assert {grid.task: grid.lrs for grid in grids} == {
-        "flipflop": [3e-4, 1e-3, 3e-3], "a5": [3e-4, 1e-3], "a4xz5": [3e-4, 1e-3],
-        "z60": [3e-4, 1e-3], "mqrar": [1e-3]}
+    # Flip-flop's Table 1 searches a decade of learning rates around 1e-3, MQRAR takes 1e-3
+    # alone, and word problems one rate per depth: 1e-3 up to 3 layers, 3e-4 from 4 on; a
+    # cell's runs pack as --pack auto decides, but MQRAR's, which fill the GPU alone.
+    by_depth = {layers: [1e-3] if layers <= 3 else [3e-4] for layers in range(1, 7)}
+    for grid in grids:
+        expected = by_depth if grid.task in ("a5", "a4xz5", "z60") else {
+            "flipflop": [3e-4, 1e-3, 3e-3], "mqrar": [1e-3]}[grid.task]
+        if isinstance(expected, dict):
+            expected = {layers: expected[layers] for layers in grid.layers}
+        assert grid.lrs == expected, grid
     assert {grid.task: grid.pack for grid in grids} == {"flipflop": None, "a5": None,
                                                         "a4xz5": None, "z60": None, "mqrar": 1}
     # A5's depth is searched at every length of the ladder, shortest first, each length its
@@ -323,7 +327,7 @@ def test_shipped_sweep_files_resolve():
     assert heads.layers == [1, 2, 3, 4] and not heads.until_solved
     shared = {run.run_id for run in heads.runs("cuda")} & {
         run.run_id for run in ladder_16.runs("cuda")}
-    assert len(shared) == 2 * 4 * 2 * 3  # models x layers x lrs x seeds, at 4 heads
+    assert len(shared) == 2 * 4 * 3  # models x layers x seeds, at 4 heads
     for name in ("flipflop", "word_problems", "mqrar", "heads"):
         file_settings, _ = load_sweep_file(find_sweep_file(name))
         assert file_settings["out"].startswith("results/runs/")
@@ -350,7 +354,8 @@ def test_shipped_sweep_files_resolve():
         assert grid.models == ["path", "rope"]
     for grid in families:  # learning rates and plateaus as in the paper sweep
         assert grid.seeds == [0, 1, 2]
-        assert grid.lrs == ([3e-4, 1e-3, 3e-3] if grid.task == "flipflop" else [3e-4, 1e-3])
+        assert grid.lrs == ([3e-4, 1e-3, 3e-3] if grid.task == "flipflop" else
+                            {1: [1e-3], 2: [1e-3], 3: [1e-3], 4: [3e-4]})
         assert {run.train.patience for run in grid.runs("cuda")} == (
             {None} if grid.task == "flipflop" else {10})
     for mixer, other in zip(mixers, attention):
@@ -358,7 +363,7 @@ def test_shipped_sweep_files_resolve():
     assert [grid.runs("cuda")[0].task.config.get("length") for grid in attention] == [512, 16, 32]
     assert all(grid.until_solved and grid.max_seeds == 5 for grid in families[2:])
     _, [heads] = load_sweep_file(find_sweep_file("heads"))
-    assert len(heads.runs("cuda")) == 2 * 4 * 4 * 2 * 3  # models x layers x heads x lrs x seeds
+    assert len(heads.runs("cuda")) == 2 * 4 * 4 * 3  # models x layers x heads x seeds
 
 
 def test_sweep_file_errors_name_the_problem(tmp_path):
@@ -377,6 +382,36 @@ def test_sweep_file_errors_name_the_problem(tmp_path):
             load_sweep_file(bad)
     with pytest.raises(UserError, match="shipped sweep files: .*paper"):
         find_sweep_file("nosuch")
+
+
+def test_a_sweep_file_gives_each_layer_count_its_own_learning_rates(tmp_path):
+    path = tmp_path / "grids.toml"
+    path.write_text('[[sweep]]\ntask = "a5"\nmodels = ["rope"]\nlayers = "1-3"\n'
+                    'lrs = { "1-2" = [1e-3, 3e-3], "3" = [3e-4] }\nseeds = [0, 1]\n'
+                    'until_solved = true\nd_model = 16\nset = ["task.length=4"]\n')
+    _, [grid] = load_sweep_file(path)
+    rates = sorted((run.model.layers, run.train.lr, run.seed) for run in grid.runs("cpu"))
+    assert rates == sorted([(layers, lr, seed) for layers in (1, 2) for lr in (1e-3, 3e-3)
+                            for seed in (0, 1)] + [(3, 3e-4, 0), (3, 3e-4, 1)])
+    # one depth search over all three layer counts: a chain per model, a step per depth
+    schedule = Schedule([(grid, grid.runs("cpu"))], tmp_path, lambda runs: None, dry_run=True)
+    for layers in (1, 2, 3):  # each depth once the one before it ended unsolved
+        ready = []
+        while (pack := schedule.next_pack()) is not None:
+            ready += pack
+        assert sorted((run.model.layers, run.train.lr) for run in ready) == sorted(
+            (run.model.layers, run.train.lr) for run in grid.runs("cpu")
+            if run.model.layers == layers)
+        for run in ready:
+            schedule.ended(run.run_id)
+    for line, message in [
+        ('lrs = { "1-2" = [1e-3] }', "lrs by layer count gives no rates for 3 layers"),
+        ('lrs = { "1-3" = [1e-3], "3" = [3e-4] }', "lrs gives 3 layers rates twice"),
+        ('lrs = { "1-3" = ["fast"] }', "lrs for 1-3 layers expects numbers"),
+    ]:
+        path.write_text(f'[[sweep]]\ntask = "a5"\nlayers = "1-3"\n{line}\n')
+        with pytest.raises(UserError, match=message):
+            load_sweep_file(path)[1][0].runs("cpu")
 
 
 def _fake_record(run, accuracy, test=None):

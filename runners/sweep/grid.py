@@ -5,7 +5,9 @@ key). Every grid point is resolved up front, so a typo fails before anything run
 
 A sweep file (TOML; the shipped ones are in runners/sweep/files/) holds ``[[sweep]]`` tables, one
 grid each, whose keys are the `Grid` fields (``set`` for ``--set`` items), and may set ``out``,
-``workers``, ``device`` and ``executor`` for the whole file and ``include`` other files.
+``workers``, ``device`` and ``executor`` for the whole file and ``include`` other files. In a
+file, ``lrs`` may also be a table from layer counts to their rates, ``{"1-3" = [1e-3], "4-6" =
+[3e-4]}``: a depth search then trains each depth at the rates of its own layer count.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class Grid:
     models: list[str] | None = None
     layers: list[int] | None = None
     heads: list[int] | None = None
-    lrs: list[float] | None = None
+    # the rates of every grid point, or (from a sweep file) per layer count
+    lrs: list[float] | dict[int, list[float]] | None = None
     seeds: list[int] = field(default_factory=lambda: [0])
     d_model: int | None = None
     steps: int | None = None
@@ -69,10 +72,18 @@ class Grid:
             if make_task(self.task).solved_threshold is None:
                 raise UserError(f"until_solved needs a task with a solved threshold; "
                                 f"{self.task!r} has none")
-        axes = [self.models or [None], self.layers or [None], self.heads or [None],
-                self.lrs or [None], self.seeds]
+        if isinstance(self.lrs, dict):
+            uncovered = sorted(set(self.layers or []) - set(self.lrs))
+            if self.layers is None or uncovered:
+                raise UserError(f"lrs by layer count gives no rates for "
+                                f"{uncovered[0] if uncovered else 'the default'} layers; "
+                                f"give every layer count of 'layers' its rates")
         extra_keys = list(self.grid)
-        size = math.prod(len(axis) for axis in [*axes, *self.grid.values()])
+        widest = max(map(len, self.lrs.values())) if isinstance(self.lrs, dict) else \
+            len(self.lrs or [None])
+        axes = [self.models or [None], self.layers or [None], self.heads or [None]]
+        size = widest * math.prod(len(axis) for axis in [*axes, self.seeds,
+                                                         *self.grid.values()])
         if size > MAX_GRID_RUNS:
             raise UserError(f"the grid over {self.task} has {size:,} runs; a grid may have at "
                             f"most {MAX_GRID_RUNS:,}")
@@ -80,9 +91,14 @@ class Grid:
         if on_both:
             raise UserError(f"{on_both[0]} is both swept (--grid) and set (--set); give one")
         runs = {}
-        for model, layers, heads, lr, seed, *extra in itertools.product(
-            *axes, *(self.grid[key] for key in extra_keys)
-        ):
+        points = (
+            (model, layers, heads, lr, seed, *extra)
+            for model, layers, heads in itertools.product(*axes)
+            for lr in (self.lrs[layers] if isinstance(self.lrs, dict) else self.lrs or [None])
+            for seed, *extra in itertools.product(self.seeds,
+                                                  *(self.grid[key] for key in extra_keys))
+        )
+        for model, layers, heads, lr, seed, *extra in points:
             sets = parse_sets([*self.sets, *(f"{k}={v}" for k, v in zip(extra_keys, extra))])
             run = resolve_run(
                 self.task,
@@ -224,6 +240,9 @@ def _grid_from_table(table: dict, where: str) -> Grid:
         raise UserError(f'{where}: grid must be a table like {{"task.n_back" = [1, 2]}}, '
                         f"got {grid_table!r}")
     grid = Grid(task=table["task"])
+    if isinstance(table.get("lrs"), dict):
+        grid.lrs = _lrs_by_layers(table["lrs"], where)
+        table = {key: value for key, value in table.items() if key != "lrs"}
     return apply_values(grid, f"{where}: ", models=listed("models"), layers=listed("layers"),
                   heads=listed("heads"), lrs=listed("lrs"), seeds=listed("seeds"),
                   d_model=table.get("d_model"), steps=table.get("steps"),
@@ -233,6 +252,19 @@ def _grid_from_table(table: dict, where: str) -> Grid:
                         for key, values in grid_table.items()},
                   until_solved=table.get("until_solved"), max_seeds=table.get("max_seeds"),
                   max_steps=table.get("max_steps"), pack=table.get("pack"))
+
+
+def _lrs_by_layers(table: dict, where: str) -> dict[int, list[float]]:
+    """``{"1-3": [1e-3], "4-6": [3e-4]}`` -> ``{1: [1e-3], 2: [1e-3], ..., 6: [3e-4]}``."""
+    rates = {}
+    for key, values in table.items():
+        values = ",".join(map(str, values)) if isinstance(values, list) else str(values)
+        for layers in parse_int_list(key, f"{where}: lrs key"):
+            if layers in rates:
+                raise UserError(f"{where}: lrs gives {layers} layers rates twice; give each "
+                                f"layer count once")
+            rates[layers] = parse_float_list(values, f"{where}: lrs for {key} layers")
+    return rates
 
 
 def apply_values(target: Grid, prefix: str, **values) -> Grid:
