@@ -79,9 +79,8 @@ class Grid:
                                 f"{uncovered[0] if uncovered else 'the default'} layers; "
                                 f"give every layer count of 'layers' its rates")
         extra_keys = list(self.grid)
-        widest = max(map(len, self.lrs.values())) if isinstance(self.lrs, dict) else \
-            len(self.lrs or [None])
         axes = [self.models or [None], self.layers or [None], self.heads or [None]]
+        widest = max(len(self.rates(layers)) for layers in axes[1])
         size = widest * math.prod(len(axis) for axis in [*axes, self.seeds,
                                                          *self.grid.values()])
         if size > MAX_GRID_RUNS:
@@ -94,7 +93,7 @@ class Grid:
         points = (
             (model, layers, heads, lr, seed, *extra)
             for model, layers, heads in itertools.product(*axes)
-            for lr in (self.lrs[layers] if isinstance(self.lrs, dict) else self.lrs or [None])
+            for lr in self.rates(layers)
             for seed, *extra in itertools.product(self.seeds,
                                                   *(self.grid[key] for key in extra_keys))
         )
@@ -112,6 +111,11 @@ class Grid:
                                 f"steps every run trains")
             runs.setdefault(run.run_id, run)
         return list(runs.values())
+
+    def rates(self, layers: int | None) -> list[float | None]:
+        """The learning rates of the grid's points with ``layers`` layers (None: the preset's
+        rate)."""
+        return self.lrs[layers] if isinstance(self.lrs, dict) else self.lrs or [None]
 
 
 def parse_grid_options(items) -> dict[str, list[str]]:
@@ -239,12 +243,11 @@ def _grid_from_table(table: dict, where: str) -> Grid:
     if not isinstance(grid_table, dict):
         raise UserError(f'{where}: grid must be a table like {{"task.n_back" = [1, 2]}}, '
                         f"got {grid_table!r}")
-    grid = Grid(task=table["task"])
-    if isinstance(table.get("lrs"), dict):
-        grid.lrs = _lrs_by_layers(table["lrs"], where)
-        table = {key: value for key, value in table.items() if key != "lrs"}
+    by_layers = isinstance(table.get("lrs"), dict)
+    grid = Grid(task=table["task"], lrs=_lrs_by_layers(table["lrs"], where) if by_layers else None)
     return apply_values(grid, f"{where}: ", models=listed("models"), layers=listed("layers"),
-                  heads=listed("heads"), lrs=listed("lrs"), seeds=listed("seeds"),
+                  heads=listed("heads"), lrs=None if by_layers else listed("lrs"),
+                  seeds=listed("seeds"),
                   d_model=table.get("d_model"), steps=table.get("steps"),
                   batch_size=table.get("batch_size"), preset=table.get("preset"),
                   sets=sets,
