@@ -170,7 +170,6 @@ class Mqrar(Task):
         launches a draw, where a loop over items launches that many an item.
         """
         import torch
-        import torch.nn.functional as F
 
         o, device = self.options, generator.device
         items = o.length // 2
@@ -188,7 +187,8 @@ class Mqrar(Task):
         def counts_before(one_hot):  # [N, I, K]: a key's items before each item
             return torch.cumsum(one_hot, dim=1, dtype=torch.int32) - one_hot
 
-        one_hot = F.one_hot(keys, o.num_keys).to(torch.int32)  # [N, I, K]
+        # [N, I, K], by comparison: one_hot() reads the keys' range back from the device
+        one_hot = (keys[..., None] == torch.arange(o.num_keys, device=device)).to(torch.int32)
         # while no key has n_back assignments every item is one, so the first item that may
         # be a query is where the keys drawn so far first repeat one n_back times
         can_query = counts_before(one_hot).amax(dim=2) >= o.n_back  # [N, I]
