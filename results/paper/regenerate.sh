@@ -11,7 +11,6 @@ cd "$here"  # run directories are named runs.tar.xz/paper/... in runs.csv
 pathbench results runs.tar.xz --format records > "$out/runs.csv.tmp"
 mv "$out/runs.csv.tmp" "$out/runs.csv"
 cd "$out"
-pathbench results runs.csv --format markdown > tables.md
 pathbench results runs.csv --task flipflop --metric error --format markdown > flipflop_error.md
 pathbench plot runs.csv --task flipflop --layers 1 -o flipflop > /dev/null  # Table 1: one layer
 for task in mqrar a5 a4xz5 z60; do
