@@ -130,6 +130,13 @@ def test_word_problems_get_depth_against_length_and_accuracy_at_the_longest(word
     assert {y for _, y in lines["solved (90%)"]} == {0.9}
 
 
+def test_a_length_a_model_did_not_run_is_blank_in_the_depth_table(word_problem_runs, tmp_path):
+    for seed in range(3):  # nope runs at length 8 alone
+        _write(word_problem_runs, "a5", "nope", 1, seed, 0.3, 0.3, sets=["task.length=8"])
+    _, tables = draw(load_frame(word_problem_runs), tmp_path / "figure" / "a5")
+    assert "| nope | >1 (>1) |  |" in tables
+
+
 def test_heads_and_layers_get_a_heatmap_per_model(tmp_path):
     for model in ("path", "rope"):
         for layers in (1, 2):

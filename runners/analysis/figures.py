@@ -320,8 +320,8 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
                       if str(v).startswith(">")]
             ax.scatter([x for x, _ in beyond], [depth + 0.5 for _, depth in beyond],
                        marker="^", s=24, facecolors="none", edgecolors=colour(model, models))
-            rows.append({"model": label, **{length: f"{r} ({a})" for length, r, a
-                                            in zip(lengths, found, loose)}})
+            rows.append({"model": label, **{length: f"{r} ({a})" if str(r) else ""
+                                            for length, r, a in zip(lengths, found, loose)}})
             evidence.append({"model": label,
                              **readings["evidence"].loc[cells.index[0], lengths].to_dict()})
     ax.plot([], [], ls="--", lw=1.0, color="black", label="dashed: any seed solves")
