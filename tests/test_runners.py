@@ -1039,7 +1039,7 @@ def test_worker_leaves_when_a_failed_pack_took_the_gpu_with_it(monkeypatch, tmp_
     monkeypatch.setattr(executors, "_cuda_lost", lambda: cuda_lost)
     connection = _Connection([([SimpleNamespace(run_id="a")], str(tmp_path)),
                               ([SimpleNamespace(run_id="b")], str(tmp_path)), None])
-    executors._serve(connection, threads=1, gpu=None)
+    executors._serve(connection, threads=1, gpu=None, sweep=os.getppid())
     # The worker says whether its GPU is lost along with the pack's outcomes; then it takes no
     # second pack (the pool starts a fresh one in its place), or goes on.
     summary = {"run_id": "a", "status": "failed", "reason": "AcceleratorError: CUDA error"}
@@ -1183,6 +1183,46 @@ def test_a_worker_killed_mid_pack_reports_each_of_its_runs_lost(monkeypatch, tmp
         pool.close()
     assert reported == [("a", None), ("b", None)]
     assert "a, b: lost: its worker died" in capsys.readouterr().err
+
+
+def test_workers_stop_when_their_sweep_is_killed(monkeypatch, tmp_path):
+    """A sweep killed mid-pack (SIGKILL: it cannot ask them to stop) leaves no worker
+    training on."""
+    import multiprocessing
+    import signal
+    import time
+
+    from pathbench.runners.sweep import executors
+
+    _forked_workers(monkeypatch, _runs_forever)
+
+    def sweep(report):
+        pool = executors.LocalPool(2)
+        handed = [[SimpleNamespace(run_id="a")], [SimpleNamespace(run_id="b")]]
+        report.send([worker.process.pid for worker in pool.workers])
+        pool.run(lambda: handed.pop() if handed else None, tmp_path, lambda *_: None)
+
+    ours, theirs = multiprocessing.get_context("fork").Pipe()
+    process = multiprocessing.get_context("fork").Process(target=sweep, args=(theirs,))
+    process.start()
+    workers = ours.recv()
+    time.sleep(1)  # both workers are in their packs
+    assert all(_alive(pid) for pid in workers)
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_a_sweep_that_lost_runs_says_so_and_exits_1(monkeypatch, tmp_path, capsys):

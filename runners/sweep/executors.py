@@ -27,6 +27,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -79,9 +80,11 @@ def run_here(next_pack, out: Path, report) -> bool:
     return True
 
 
-def _serve(connection, threads: int, gpu: str | None) -> None:
+def _serve(connection, threads: int, gpu: str | None, sweep: int) -> None:
     """A local worker: trains the packs it is sent, one at a time, and reports their outcomes;
-    on GPU ``gpu`` alone (its index among the visible ones), if given."""
+    on GPU ``gpu`` alone (its index among the visible ones), if given. It exits as soon as the
+    sweep (process ``sweep``) is gone, mid-pack too."""
+    threading.Thread(target=_exit_without, args=(sweep,), daemon=True).start()
     if gpu is not None:  # before CUDA starts in this process: "cuda" is then that GPU
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     import torch
@@ -99,6 +102,15 @@ def _serve(connection, threads: int, gpu: str | None) -> None:
         # The sweep is gone (killed) or interrupted: stop quietly. A run cut short has no
         # result.json and is redone when the sweep runs again.
         return
+
+
+def _exit_without(sweep: int) -> None:
+    """Ends this process once its parent, the sweep, has ended: a sweep killed (SIGTERM,
+    SIGKILL) cannot ask its workers to stop, and they would train on. A run cut short has no
+    result.json and is redone when the sweep runs again."""
+    while os.getppid() == sweep:
+        time.sleep(1)
+    os._exit(1)
 
 
 def _gpu_lost(records: list[dict]) -> bool:
@@ -133,8 +145,8 @@ class _Worker:
     def __init__(self, context, threads: int, gpu: str | None):
         self.gpu = gpu
         self.connection, child_end = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child_end, threads, gpu),
-                                       daemon=True)
+        self.process = context.Process(target=_serve,
+                                       args=(child_end, threads, gpu, os.getpid()), daemon=True)
         self.process.start()
         child_end.close()
         self.runs: list[str] = []
