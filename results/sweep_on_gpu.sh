@@ -13,7 +13,8 @@
 # when set, names a folder of earlier records of this sweep that seeds them, so that a sweep cut
 # off with its machine resumes on the next machine from the records unpacked there. SHARE names
 # another sweep's records: those of runs this sweep also plans are copied in, so that a run two
-# sweeps share trains once.
+# sweeps share trains once. The log's "==" lines time each part: the sweep's start, each
+# call's end while it runs, its exit.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 name=${1:?the sweep file: paper, families, ...}
@@ -59,7 +60,9 @@ while pgrep -f "pathbench.runners.cli sweep --file $name" >/dev/null; do
   [ $(( $(date +%s) - begin )) -lt $(( budget - 25 )) ] || break
   sleep 5
 done
-if ! pgrep -f "pathbench.runners.cli sweep --file $name" >/dev/null; then
+if pgrep -f "pathbench.runners.cli sweep --file $name" >/dev/null; then
+  printf "\n== call ends at %s (%s), the sweep running\n" "$(date -u +%T)" "$(date +%s)" >>$log
+else
   echo "runs still to do: $("${sweep[@]}" --dry-run 2>/dev/null | grep -c '^todo')" >>$log
 fi
 tar czf "$OUT/runs.tgz" --exclude=model.pt -C /tmp "$name-runs"
