@@ -728,22 +728,27 @@ def test_an_older_record_is_judged_budget_limited_by_its_curve(record, expected)
 
 
 def test_a_learning_rate_picked_on_an_edge_of_the_grid_is_flagged(tmp_path, capsys):
-    """path tries 1e-4, 3e-4, 1e-3 and val picks the middle one; rope picks the highest."""
-    best = {"path": 3e-4, "rope": 1e-3}
-    for model in best:
-        grid = Grid(task="a5", models=[model], layers=[2], lrs=[1e-4, 3e-4, 1e-3], seeds=[0],
+    """path tries 1e-4, 3e-4, 1e-3 and val picks the middle one; rope picks the highest; fox
+    scores the same at 1e-5, 1e-4 and 1e-3: the smallest is picked (whatever order the records
+    come in: 1e-05 sorts last by name), and a tie says nothing of rates beyond the grid."""
+    best = {"path": [3e-4], "rope": [1e-3], "fox": [1e-5, 1e-4, 1e-3]}
+    for model, lrs in (("path", [1e-4, 3e-4, 1e-3]), ("rope", [1e-4, 3e-4, 1e-3]),
+                       ("fox", [1e-5, 1e-4, 1e-3])):
+        grid = Grid(task="a5", models=[model], layers=[2], lrs=lrs, seeds=[0],
                     sets=["task.length=8"])
         for run in grid.runs("cpu"):
-            accuracy = 0.9 if run.train.lr == best[model] else 0.5
+            accuracy = 0.9 if run.train.lr in best[model] else 0.5
             store.write_json_atomic(tmp_path / run.run_id / "result.json",
                                     _fake_record(run, accuracy))
     table = aggregate(load_frame(tmp_path)).set_index("model")
     assert table.loc["path", "lr"] == 3e-4 and not table.loc["path", "lr_at_edge"]
     assert table.loc["rope", "lr"] == 1e-3 and table.loc["rope", "lr_at_edge"]
+    assert table.loc["fox", "lr"] == 1e-5 and not table.loc["fox", "lr_at_edge"]
     code, stdout, _ = cli(capsys, "results", tmp_path)
     rows = {line.split()[0]: line for line in stdout.splitlines() if line.strip()[:4] in
-            ("path", "rope")}
+            ("path", "rope", "fox ")}
     assert "0.001 (edge)" in rows["rope"] and "(edge)" not in rows["path"]
+    assert "(edge)" not in rows["fox"]
 
 
 def test_val_decides_solved_for_the_sweep_and_test_for_the_tables(tmp_path):

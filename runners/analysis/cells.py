@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from pathbench.runners.analysis.records import setting_columns
@@ -44,7 +45,9 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
     the headline split, with the 95% Wilson interval of that solve rate (solve_low,
     solve_high); ``budget_limited`` counts the runs that ended at their step cap with val still
     improving (None where the records do not say). ``lr_at_edge``: the learning rate is the
-    lowest or the highest of two or more the cell ran. A rate with a count of scored positions also gets the 95% Wilson interval of
+    lowest or the highest of two or more the cell ran, and beats every other one on val (a
+    rate tied with another says nothing of what lies beyond the grid). Of tied learning rates
+    the smallest is picked. A rate with a count of scored positions also gets the 95% Wilson interval of
     the rate pooled over the seeds (SPLIT_low, SPLIT_high)."""
     shown_config = varying_config_columns(frame)
     rows = []
@@ -84,11 +87,16 @@ def aggregate(frame: pd.DataFrame, metric: str | None = None, best_lr: bool = Tr
     if len(table):  # a pick on the edge of a grid of learning rates may lie beyond it
         grids = table.groupby("cell")["lr"].agg(["min", "max", "nunique"])
         bounds = grids.loc[table["cell"]]
-        table["lr_at_edge"] = ((bounds["nunique"].to_numpy() > 1)
-                               & ((table["lr"].to_numpy() == bounds["min"].to_numpy())
-                                  | (table["lr"].to_numpy() == bounds["max"].to_numpy())))
+        on_edge = ((bounds["nunique"].to_numpy() > 1)
+                   & ((table["lr"].to_numpy() == bounds["min"].to_numpy())
+                      | (table["lr"].to_numpy() == bounds["max"].to_numpy())))
+        rank = list(zip(table["ok"], table["score"]))
+        table["lr_at_edge"] = on_edge & np.array(
+            [all(rank[i] > rank[j] for j in np.flatnonzero(table["cell"] == cell) if j != i)
+             for i, cell in enumerate(table["cell"])], dtype=bool)
     if best_lr and len(table):
-        table = (table.sort_values(["ok", "score"], ascending=False, kind="stable")
+        table = (table.sort_values(["ok", "score", "lr"], ascending=[False, False, True],
+                                   kind="stable")
                  .drop_duplicates("cell").sort_index())
     return table.reset_index(drop=True)
 
