@@ -285,13 +285,13 @@ def test_shipped_sweep_files_resolve():
     assert n_back == {1, 2, 3, 4}
     # runs end on a plateau (patience) or at the cap that fits the GPU time
     assert {(c.train.steps, c.train.patience) for c in mqrar.runs("cuda")} == {(2000, 5)}
-    # Flip-flop's Table 1 searches a decade of learning rates around 1e-3, MQRAR takes 1e-3
+    # Flip-flop's Table 1 searches learning rates from 3e-4 to 1e-2, MQRAR takes 1e-3
     # alone, and word problems one rate per depth: 1e-3 up to 3 layers, 3e-4 from 4 on; a
     # cell's runs pack as --pack auto decides, but MQRAR's, which fill the GPU alone.
     by_depth = {layers: [1e-3] if layers <= 3 else [3e-4] for layers in range(1, 7)}
     for grid in grids:
         expected = by_depth if grid.task in ("a5", "a4xz5", "z60") else {
-            "flipflop": [3e-4, 1e-3, 3e-3], "mqrar": [1e-3]}[grid.task]
+            "flipflop": [3e-4, 1e-3, 3e-3, 1e-2], "mqrar": [1e-3]}[grid.task]
         if isinstance(expected, dict):
             expected = {layers: expected[layers] for layers in grid.layers}
         assert grid.lrs == expected, grid
@@ -353,12 +353,16 @@ def test_shipped_sweep_files_resolve():
         assert grid.models == ["path", "rope"]
     for grid in families:  # learning rates and plateaus as in the paper sweep
         assert grid.seeds == [0, 1, 2]
-        assert grid.lrs == ([3e-4, 1e-3, 3e-3] if grid.task == "flipflop" else
+        assert grid.lrs == ([3e-4, 1e-3, 3e-3, 1e-2] if grid.task == "flipflop" else
                             {1: [1e-3], 2: [1e-3], 3: [1e-3], 4: [3e-4]})
         assert {run.train.patience for run in grid.runs("cuda")} == (
             {None} if grid.task == "flipflop" else {10})
     for mixer, other in zip(mixers, attention):
         assert [item for item in mixer.sets if item != "model.backend=torch"] == other.sets
+    # PaTH's and RoPE's runs are the paper sweep's own, which results/sweep_on_gpu.sh shares
+    _, paper = load_sweep_file(find_sweep_file("paper"))
+    planned = {run.run_id for grid in paper for run in grid.runs("cuda")}
+    assert {run.run_id for grid in attention for run in grid.runs("cuda")} <= planned
     assert [grid.runs("cuda")[0].task.config.get("length") for grid in attention] == [512, 16, 32]
     assert all(grid.until_solved and grid.max_seeds == 5 for grid in families[2:])
     _, [heads] = load_sweep_file(find_sweep_file("heads"))
