@@ -85,6 +85,13 @@ class WordProblem(Task):
         inputs   g1          g2^-1       g1
         targets  [1,2,0,3,4] [0,2,3,1,4] [1,0,3,2,4]
 
+    A word that opens with one letter repeated is the same word to a model whose attention
+    weights sum to one at every position (softmax, whatever the position encoding): each of
+    those positions averages identical values. With generators of order 3 that costs position 1
+    (g g = g^-1) a sixth of its words and position 2 (g g g = e) a 36th, so such a model's
+    ``solved_length`` in this framing is 1 and its accuracy at length 16 at most 0.988; with
+    elements, position 1 loses 59 words in 3,600.
+
     Splits: ``train``, ``val`` and ``test``, all of ``length`` elements. Length generalisation:
     each N of ``eval_lengths`` (each greater than ``length``) adds a test split ``test_N`` of
     words N elements long, drawn from its own random stream like every split. Training always

@@ -77,6 +77,18 @@ def test_future_tokens_do_not_change_earlier_logits(attention):
 
 
 @pytest.mark.parametrize("attention", VARIANTS)
+def test_a_repeated_first_token_is_invisible_where_attention_weights_sum_to_one(attention):
+    """A sequence that opens with one token three times: where attention's weights sum to one,
+    each of those positions averages identical values, and gets the first one's output
+    whatever the position encoding; stick-breaking's weights sum to less than one and tell
+    them apart. On A5 in the generator framing this caps position 1 (g g = g^-1, not g) at
+    5/6 and position 2 (g g g = e) at 35/36 for every variant but SBA."""
+    logits = make_model(attention, layers=2)(torch.tensor([[3, 3, 3, 5, 7]]))[0]
+    repeated = [torch.allclose(logits[t], logits[0], rtol=0, atol=1e-12) for t in (1, 2)]
+    assert repeated == ([False, False] if attention == "sba" else [True, True])
+
+
+@pytest.mark.parametrize("attention", VARIANTS)
 def test_step_by_step_decoding_equals_forward(attention):
     model = make_model(attention, layers=2)
     tokens = random_tokens(T=70)  # longer than one block of the blockwise PaTH
