@@ -13,7 +13,8 @@ mv "$out/runs.csv.tmp" "$out/runs.csv"
 cd "$out"
 pathbench results runs.csv --task flipflop --metric error --format markdown > flipflop_error.md
 pathbench plot runs.csv --task flipflop --layers 1 -o flipflop > /dev/null  # Table 1: one layer
-for task in mqrar a5 a4xz5 z60; do
+for task in mqrar a4xz5 z60; do
   pathbench plot runs.csv --task $task -o $task > /dev/null
 done
+pathbench plot runs.csv --task a5 --heads 4 -o a5 > /dev/null  # the ladders; the heads grid apart
 rm -f ./*.pdf
