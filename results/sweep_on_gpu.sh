@@ -16,6 +16,7 @@
 # sweeps share trains once. The log's "==" lines time each part: the sweep's start, each
 # call's end while it runs, its exit.
 set -o pipefail
+source "$(dirname "$0")/mps.sh"
 export PYTHONUNBUFFERED=1
 name=${1:?the sweep file: paper, families, ...}
 mode=${2:?start or wait}
@@ -36,19 +37,7 @@ if [ "$mode" = start ]; then
   fi
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     git log -1 --format='tree of commit %H'; git status --short | head; date -u; } >>$log 2>&1
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-  if command -v nvidia-cuda-mps-control >/dev/null; then
-    pgrep -f "nvidia-cuda-mps-control -d" >/dev/null || nvidia-cuda-mps-control -d
-    timeout 60 python3 -c 'import torch; torch.ones(1, device="cuda").sum().item()'
-  fi
-  if [ -n "$(echo get_server_list | nvidia-cuda-mps-control 2>/dev/null)" ]; then
-    echo "CUDA MPS on" >>$log
-  else
-    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-    echo "CUDA MPS not available; workers time-share the GPU" >>$log
-  fi
+  mps on >>$log 2>&1
   echo "== sweep starts at $(date -u +%T) ($(date +%s)), $(ls $live | wc -l) runs' folders there" >>$log
   setsid bash -c "${sweep[*]} >>$log 2>&1; echo \"== sweep exit \$? at \$(date -u +%T) (\$(date +%s))\" >>$log" \
     </dev/null >/dev/null 2>&1 &

@@ -25,6 +25,7 @@
 # when set, names a folder of files an earlier machine with the same GPU returned, which seeds
 # it, so that the measurements cut off with their machine go on where they stopped.
 set -o pipefail
+source "$(dirname "$0")/../mps.sh"
 export PYTHONUNBUFFERED=1
 mode=${1:?start or wait}
 budget=${2:-560}
@@ -35,21 +36,6 @@ begin=$(date +%s)
 sweep_args=(a5 --models rope,path --layers 3,4 --lrs 1e-3,3e-4 --seeds 0-2 --steps 10000
             --batch-size 256 --preset paper --set task.length=12 --set train.early_stop=0.95
             --workers 4 --device cuda)
-
-mps() {  # CUDA MPS on or off for the processes started after it
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-  if [ $1 = on ] && command -v nvidia-cuda-mps-control >/dev/null; then
-    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-    pgrep -f "nvidia-cuda-mps-control -d" >/dev/null || nvidia-cuda-mps-control -d
-    timeout 60 python3 -c 'import torch; torch.ones(1, device="cuda").sum().item()'
-    [ -n "$(echo get_server_list | nvidia-cuda-mps-control 2>/dev/null)" ] &&
-      { echo "CUDA MPS on"; return; }
-    echo "CUDA MPS not available; workers time-share the GPU"
-  fi
-  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-  [ $1 = off ] && echo "CUDA MPS off"
-}
 
 profile() {  # bench step of attention $1 on backend $2 at the word-problem shape, pack 64
   local name=step_$1$([ $2 = auto ] || echo _$2).txt
