@@ -204,6 +204,24 @@ def test_results_gives_minimum_depth_per_length_and_baselines(word_problem_runs,
     assert "chance (test)" in out and "learning rate picked on val" in out
 
 
+def test_results_keeps_a_setting_that_varies_at_one_length_only(word_problem_runs, capsys):
+    """The generator framing at length 16 beside elements at 8 and 16: `task.words` varies
+    among the runs of length 16 alone, and each framing gets its own row of minimum depths."""
+    from pathbench.runners.cli import main
+
+    for model in ("path", "rope"):
+        for layers in (1, 2):
+            for seed in range(3):
+                accuracy = 0.95 if (model, layers) == ("path", 2) else 0.3
+                _write(word_problem_runs, "a5", model, layers, seed, accuracy, accuracy,
+                       sets=["task.length=16", "task.words=generators"])
+    main(["results", str(word_problem_runs)])
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["path", "4", "elements", "1", "(1)", "2", "(2)"] in lines
+    assert ["path", "4", "generators", "2", "(2)"] in lines  # no runs at length 8: no cell
+    assert ["rope", "4", "generators", ">2", "(>2)"] in lines
+
+
 def test_no_empty_panel_for_a_task_without_the_metric(tmp_path):
     """Flip-flop's error column in the same frame does not give MQRAR an empty error panel."""
     _write(tmp_path, "flipflop", "path", 1, 0, 0.9, 0.9, sets=["task.length=16"])

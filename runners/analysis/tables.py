@@ -97,7 +97,11 @@ def min_depth_by_length(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     found = []
     for length, group in groups:
         label = "min_layers" if length == -1 else f"length={tidy(length)}"
-        table = min_layers_table(aggregate(group), settings)
+        cells = aggregate(group)
+        for setting in settings:  # one that varies at other lengths only: constant here
+            if setting not in cells:
+                cells[setting] = group[setting].iloc[0]
+        table = min_layers_table(cells, settings)
         found += [{**row, "column": label} for row in table.to_dict("records")]
     if not found:
         return {reading: pd.DataFrame() for reading in [*READINGS, "evidence"]}
