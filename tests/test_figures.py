@@ -5,6 +5,7 @@ tables."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -128,6 +129,32 @@ def test_word_problems_get_depth_against_length_and_accuracy_at_the_longest(word
     assert lines["rope"] == [(1, 0.29), (2, None), (3, 0.29)]  # broken where no run was
     assert {y for _, y in lines["chance"]} == {round(1 / 60, 6)}
     assert {y for _, y in lines["solved (90%)"]} == {0.9}
+
+
+def test_a_depth_solved_above_an_unresolved_one_is_drawn_with_a_triangle_below(
+        word_problem_runs, tmp_path):
+    """path's one-layer seeds at length 16 were still improving at their step cap: its reading
+    there is "≤2?", drawn at 2 with an open triangle pointing down at 1.5; length 8 stays 1."""
+    for folder in word_problem_runs.iterdir():
+        record = json.loads((folder / "result.json").read_text())
+        model, task = record["config"]["model"], record["config"]["task"]["config"]
+        if (model["attention"], model["layers"], task["length"]) == ("path", 1, 16):
+            record["budget_limited"] = True
+            store.write_json_atomic(folder / "result.json", record)
+    _, tables = draw(load_frame(word_problem_runs), tmp_path / "figure" / "a5")
+    assert "| path | 1 (1) | ≤2? (≤2?) |" in tables
+    figure = render(load_frame(word_problem_runs))[0]
+    depth = next(iter(shown(figure).values()))
+    assert [(round(x), y) for x, y in depth["path"]] == [(8, 1), (16, 2)]
+    def apex(collection):  # which way a triangle marker points: 1 "^", -1 "v"
+        x, y = min(collection.get_paths()[0].vertices, key=lambda vertex: abs(vertex[0]))
+        return int(np.sign(y))
+
+    triangles = {apex(c): [(round(x), y) for x, y in c.get_offsets().tolist()]
+                 for c in figure.axes[0].collections if len(c.get_offsets())}
+    assert triangles == {1: [(16, 3.5)], -1: [(16, 1.5)]}  # rope: >3 at 16; path: ≤2? at 16
+    legend = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert "open triangle at N - 1/2: solved with N, fewer unresolved" in legend
 
 
 def test_a_length_a_model_did_not_run_is_blank_in_the_depth_table(word_problem_runs, tmp_path):
@@ -338,7 +365,8 @@ def test_drift_a_committed_records_table_still_gives_its_figure(tmp_path, capsys
     depth = next(iter(shown(render(load_frame(COMMITTED / "a5_runs.csv"))[0]).values()))
     for model, points in depth.items():  # the drawn depths are the table's, in order
         row = next(line for line in tables.splitlines() if line.startswith(f"| {model} |"))
-        cells = [cell.split()[0] for cell in row.strip("|").split("|")[1:]]  # "2 (1)": 2
+        cells = [cell.split()[0].lstrip("≤").rstrip("?")  # "2 (1)", "≤2? (1)": 2
+                 for cell in row.strip("|").split("|")[1:]]
         assert [str(round(y)) if y is not None else None for _, y in points] == [
             cell if cell.isdigit() else None for cell in cells]
 

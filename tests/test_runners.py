@@ -635,6 +635,23 @@ def test_a_model_cut_short_by_its_budget_is_unresolved_not_unsolved(tmp_path):
     assert readings.loc["rope", "min_layers"] == ">2?" and readings.loc["path", "min_layers"] == ">2"
 
 
+def test_a_depth_solved_above_an_unresolved_one_is_read_as_at_most(tmp_path):
+    """rope and path solve at 2 layers with every seed and at 1 layer with none; rope's 1-layer
+    cell has a run still improving at its step cap, so rope's fewest layers may be 1: "≤2?",
+    while path's are 2. The solve rates behind both readings show the shallower cell."""
+    for model in ("rope", "path"):
+        grid = Grid(task="a5", models=[model], layers=[1, 2], seeds=[0, 1, 2],
+                    sets=["task.length=8"])
+        for index, run in enumerate(grid.runs("cpu")):
+            record = _fake_record(run, 0.95 if run.model.layers == 2 else 0.5)
+            record["budget_limited"] = model == "rope" and run.model.layers == 1 and index == 0
+            store.write_json_atomic(tmp_path / run.run_id / "result.json", record)
+    readings = min_layers_table(aggregate(load_frame(tmp_path))).set_index("model")
+    assert readings.loc["rope", ["min_layers", "min_layers_any"]].tolist() == ["≤2?", "≤2?"]
+    assert readings.loc["path", ["min_layers", "min_layers_any"]].tolist() == ["2", "2"]
+    assert readings.loc["rope", "evidence"] == "2: 3/3 [0.44, 1.00]; 1: 0/3 [0.00, 0.56]"
+
+
 def test_a_depth_whose_seeds_disagree_gets_more_seeds_before_the_search_goes_on(tmp_path):
     """max_seeds 5: path's three seeds disagree at 1 layer (one of three solves), so seeds 3
     and 4 train at that depth at both learning rates, and all five decide (three of five: not

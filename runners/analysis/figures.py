@@ -295,7 +295,9 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
     thirds of the seeds solve it, dashed where any seed does. Models are drawn a little apart
     along the length axis, so that equal depths stay visible and every marker stays on its
     integer layer count. A model that solves a length at none of the depths it ran (">N") is an
-    open triangle half a layer above its own deepest, N."""
+    open triangle half a layer above its own deepest, N; one that solves with N while a
+    shallower depth is unresolved ("≤N?") has an open triangle pointing down half a layer
+    below N."""
     runs = panel["runs"]
     readings = min_depth_by_length(runs)
     minimum, any_seed = readings["min_layers"], readings["min_layers_any"]
@@ -313,13 +315,17 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
             loose = any_seed.loc[cells.index[0], lengths].tolist()
             label = f"{model}, {heads} heads" if several_heads else model
             for values, style, name in ((found, "-", label), (loose, "--", f"_{label} any")):
-                ax.plot(shifted, [float(v) if str(v).isdigit() else np.nan for v in values],
+                ax.plot(shifted, [float(str(v).lstrip("≤").rstrip("?"))
+                                  if str(v).lstrip("≤").rstrip("?").isdigit() else np.nan
+                                  for v in values],
                         marker="o", lw=1.8 if style == "-" else 1.0, ms=4, ls=style,
                         color=colour(model, models), label=name)
-            beyond = [(x, int(str(v)[1:].rstrip("?"))) for x, v in zip(shifted, found)
-                      if str(v).startswith(">")]
-            ax.scatter([x for x, _ in beyond], [depth + 0.5 for _, depth in beyond],
-                       marker="^", s=24, facecolors="none", edgecolors=colour(model, models))
+            for sign, marker, offset in ((">", "^", 0.5), ("≤", "v", -0.5)):
+                marked = [(x, int(str(v)[1:].rstrip("?"))) for x, v in zip(shifted, found)
+                          if str(v).startswith(sign)]
+                ax.scatter([x for x, _ in marked], [depth + offset for _, depth in marked],
+                           marker=marker, s=24, facecolors="none",
+                           edgecolors=colour(model, models))
             rows.append({"model": label, **{length: f"{r} ({a})" if str(r) else ""
                                             for length, r, a in zip(lengths, found, loose)}})
             evidence.append({"model": label,
@@ -327,6 +333,9 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
     ax.plot([], [], ls="--", lw=1.0, color="black", label="dashed: any seed solves")
     ax.scatter([], [], marker="^", s=24, facecolors="none", edgecolors="black",
                label="open triangle at N + 1/2: not solved up to N layers")
+    if any(str(v).startswith("≤") for v in minimum[lengths].to_numpy().ravel()):
+        ax.scatter([], [], marker="v", s=24, facecolors="none", edgecolors="black",
+                   label="open triangle at N - 1/2: solved with N, fewer unresolved")
     ax.set_xlabel("length")
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_ylabel("minimum layers to solve")
@@ -339,7 +348,8 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
             f"Solved: two thirds of the seeds at or above {line} on test, at the learning rate "
             f"val picked (solid); in brackets, and dashed, where any seed is; >N: not solved up "
             f"to N layers (drawn open above the deepest); >N?: unresolved, some runs still "
-            f"improving when their budget ended.\n\n")
+            f"improving when their budget ended; ≤N?: solved with N, but a shallower depth "
+            f"unresolved in that way (drawn open below N).\n\n")
     text += to_markdown(pd.DataFrame(rows))
     text += ("\n\nThe solve rates behind the first reading: seeds that solved out of those run, "
              "with the 95% Wilson interval, at the fewest layers that solve reliably and at "

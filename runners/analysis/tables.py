@@ -37,7 +37,8 @@ READINGS = {"min_layers": "solved", "min_layers_any": "solved_seeds"}
 def min_layers_table(table: pd.DataFrame, settings: list[str] | None = None) -> pd.DataFrame:
     """Per model and head count, the fewest layers at which the cell solves the task on test at
     the learning rate val picked, and at which any of its seeds does (">N": not up to N; ">N?":
-    unresolved, for some of the cells' runs were still improving when their budget ended).
+    unresolved, for some of the cells' runs were still improving when their budget ended;
+    "≤N?": solved with N, but a shallower cell that did not solve is unresolved in that way).
 
     A row holds cells that differ only in their layer count (and learning rate): runs of
     different lengths or step budgets never share one. ``settings``, the columns that tell
@@ -52,11 +53,15 @@ def min_layers_table(table: pd.DataFrame, settings: list[str] | None = None) -> 
         first = cells.iloc[0]
         row = {"task": first["task"], "model": first["model"], "heads": first["heads"],
                **{column: tidy(first[column]) for column in settings}}
-        cut_short = bool(pd.to_numeric(cells["budget_limited"]).fillna(0).gt(0).any())
+        cut_short = pd.to_numeric(cells["budget_limited"]).fillna(0).gt(0)
         for reading, column in READINGS.items():
             found = cells[cells[column] > 0]
-            row[reading] = (str(int(found["layers"].min())) if len(found)
-                            else f">{int(cells['layers'].max())}" + ("?" if cut_short else ""))
+            if not len(found):
+                row[reading] = f">{int(cells['layers'].max())}" + ("?" if cut_short.any() else "")
+                continue
+            depth = int(found["layers"].min())
+            unresolved_below = (cut_short & (cells["layers"] < depth)).any()
+            row[reading] = f"≤{depth}?" if unresolved_below else str(depth)
         row["evidence"] = depth_evidence(cells, row["min_layers"])
         rows.append(row)
     rank = {name: i for i, name in enumerate(model_order(table["model"]))}
@@ -74,12 +79,12 @@ def solve_rate_text(row, after_count: str = "") -> str:
 
 
 def depth_evidence(cells: pd.DataFrame, reading: str) -> str:
-    """The solve rates behind the fewest layers that solve reliably (``reading``: "3", ">6"),
-    each with its 95% Wilson interval: at that depth and at one layer fewer ("3: 3/3 [0.44,
-    1.00]; 2: 1/3 [0.06, 0.79]"), or at the deepest run where none did."""
-    depth = int(reading.lstrip(">").rstrip("?"))
+    """The solve rates behind the fewest layers that solve reliably (``reading``: "3", "≤3?",
+    ">6"), each with its 95% Wilson interval: at that depth and at one layer fewer ("3: 3/3
+    [0.44, 1.00]; 2: 1/3 [0.06, 0.79]"), or at the deepest run where none did."""
+    depth = int(reading.lstrip("≤>").rstrip("?"))
     by_layers = cells.set_index("layers")
-    shown = [depth, depth - 1] if reading.isdigit() else [depth]
+    shown = [depth] if reading.startswith(">") else [depth, depth - 1]
     return "; ".join(f"{layers}: {solve_rate_text(by_layers.loc[layers])}"
                      for layers in shown if layers in by_layers.index)
 
@@ -339,7 +344,8 @@ def results_text(frame: pd.DataFrame, table: pd.DataFrame, per_run: bool, fmt: s
             sections.append(f"{title}: minimum layers to solve: two thirds of the seeds at "
                             f">= {threshold:g} on test (in brackets: any seed), at the learning "
                             f"rate val picked; >N?: unresolved, some runs still improving when "
-                            f"their budget ended\n{render(depth, fmt)}")
+                            f"their budget ended; ≤N?: solved with N, a shallower depth "
+                            f"unresolved in that way\n{render(depth, fmt)}")
     note = ("one row per run; rates with their 95% Wilson interval" if per_run else
             "learning rate picked on val (--all-lrs: every one); test splits: mean ± sample "
             "standard deviation (n - 1) over the seeds that finished ok; [low, high]: the 95% "
