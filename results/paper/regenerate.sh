@@ -17,4 +17,6 @@ for task in mqrar a4xz5 z60; do
   pathbench plot runs.csv --task $task -o $task > /dev/null
 done
 pathbench plot runs.csv --task a5 --heads 4 -o a5 > /dev/null  # the ladders; the heads grid apart
+pathbench plot runs.csv --task a5 --model rope,path --where task.length=16 \
+  --where task.words=elements -o a5_heads > /dev/null
 rm -f ./*.pdf
