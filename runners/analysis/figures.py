@@ -48,6 +48,7 @@ from pathbench.runners.analysis.tables import (
     min_depth_by_length,
     min_layers_table,
     model_order,
+    reading_depth,
     solve_rate_text,
     tidy,
     to_markdown,
@@ -315,14 +316,13 @@ def draw_depth_vs_length(ax, panel: dict) -> str:
             loose = any_seed.loc[cells.index[0], lengths].tolist()
             label = f"{model}, {heads} heads" if several_heads else model
             for values, style, name in ((found, "-", label), (loose, "--", f"_{label} any")):
-                ax.plot(shifted, [float(str(v).lstrip("≤").rstrip("?"))
-                                  if str(v).lstrip("≤").rstrip("?").isdigit() else np.nan
+                ax.plot(shifted, [reading_depth(v) if v and not v.startswith(">") else np.nan
                                   for v in values],
                         marker="o", lw=1.8 if style == "-" else 1.0, ms=4, ls=style,
                         color=colour(model, models), label=name)
             for sign, marker, offset in ((">", "^", 0.5), ("≤", "v", -0.5)):
-                marked = [(x, int(str(v)[1:].rstrip("?"))) for x, v in zip(shifted, found)
-                          if str(v).startswith(sign)]
+                marked = [(x, reading_depth(v)) for x, v in zip(shifted, found)
+                          if v.startswith(sign)]
                 ax.scatter([x for x, _ in marked], [depth + offset for _, depth in marked],
                            marker=marker, s=24, facecolors="none",
                            edgecolors=colour(model, models))

@@ -78,11 +78,16 @@ def solve_rate_text(row, after_count: str = "") -> str:
             f"[{row['solve_low']:.2f}, {row['solve_high']:.2f}]")
 
 
+def reading_depth(reading: str) -> int:
+    """The layer count a depth reading names: "3", "≤3?", ">3" and ">3?" all name 3."""
+    return int(reading.lstrip("≤>").rstrip("?"))
+
+
 def depth_evidence(cells: pd.DataFrame, reading: str) -> str:
     """The solve rates behind the fewest layers that solve reliably (``reading``: "3", "≤3?",
     ">6"), each with its 95% Wilson interval: at that depth and at one layer fewer ("3: 3/3
     [0.44, 1.00]; 2: 1/3 [0.06, 0.79]"), or at the deepest run where none did."""
-    depth = int(reading.lstrip("≤>").rstrip("?"))
+    depth = reading_depth(reading)
     by_layers = cells.set_index("layers")
     shown = [depth] if reading.startswith(">") else [depth, depth - 1]
     return "; ".join(f"{layers}: {solve_rate_text(by_layers.loc[layers])}"
