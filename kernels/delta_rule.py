@@ -14,10 +14,10 @@ o_t = scale * S_t^T q_t (layout [B, T, H, D] as every kernel here).
   and a rank-one correction (RWKV-7 takes a = -kappa, b = kappa * iclr, the removal key and
   its in-context learning rate), in fla-core's argument order for ``chunk_rwkv7``.
 
-The loops are over tokens, each step a few small matmuls per head: cost O(T D^2) and memory
-O(T D^2) for autograd, fine at this benchmark's lengths on a CPU. Computed in float32 (float64
-for float64 inputs) whatever autocast says, returned in q's dtype: bfloat16 operands would
-round the state, which every later token reads.
+The recurrences loop over tokens, each step a few small matmuls per head: the plain
+references of the chunked forms below, which the mixers run. Every form computes in float32
+(float64 for float64 inputs) whatever autocast says, returned in q's dtype: bfloat16 operands
+would round the state, which every later token reads.
 
 ``delta_rule_chunked`` computes the delta rule a chunk of C steps at a time, each chunk a few
 batched matrix products and one triangular solve, the state carried only from chunk to chunk:
@@ -33,6 +33,20 @@ diag(beta) (V - diag(Γ) K S0), a unit lower-triangular system; the outputs are
 o_t = scale (Γ_t S0^T q_t + sum_{i<=t} D_ti (k_i . q_t) u_i), and the next chunk starts from
 Γ_C S0 + K^T diag(D_Ci) U. Several steps per token (DeltaProduct) are a sequence n times as
 long whose token t is read after its last step; a token's gate acts before its first step.
+
+``rwkv7_chunked`` does the same for RWKV-7. Within a chunk from state S0, let Λ_t be the
+product of the decays exp(w) up to token t (a vector over key channels, Λ_0 = 1) and x_t =
+S_{t-1}^T a_t the correction's read. Unrolling S_t = diag(e^{w_t}) S_{t-1} + b_t x_t^T +
+k_t v_t^T,
+
+    S_t = diag(Λ_t) S0 + sum_{i<=t} diag(Λ_t / Λ_i) (b_i x_i^T + k_i v_i^T),
+    x_t = S0^T (Λ_{t-1} a_t) + sum_{i<t} ((Λ_{t-1} a_t) . (b_i / Λ_i)) x_i
+                             + sum_{i<t} ((Λ_{t-1} a_t) . (k_i / Λ_i)) v_i,
+
+so the chunk's X solves a unit lower-triangular system, the outputs read S_t with Λ_t r_t the
+same way, and the next chunk starts from S_C. The ratios Λ_t / Λ_i are factored into
+Λ_t times 1 / Λ_i, which float32 holds while a chunk's summed log decays stay above about -80:
+chunks of 16 tokens take log decays down to -5 a token (RWKV-7's are above -0.61).
 """
 
 from __future__ import annotations
@@ -139,4 +153,39 @@ def delta_rule_chunked(q, k, v, beta, log_gate=None, scale=None, chunk_steps=CHU
                                 + scores @ u))
         state = (cumulative[..., -1:].exp()[..., None] * state
                  + kc.transpose(-1, -2) @ (decay[..., -1, :, None] * u))
+    return torch.cat(outputs, dim=2).transpose(1, 2).to(out_dtype)
+
+
+# Tokens an RWKV-7 chunk holds: its log decays, summed over the chunk, must stay above about
+# -80 (the module's docstring says why)
+RWKV7_CHUNK_TOKENS = 16
+
+
+@_without_autocast
+def rwkv7_chunked(r, w, k, v, a, b, scale=1.0, chunk_tokens=RWKV7_CHUNK_TOKENS):
+    """``rwkv7_recurrence``, the same arguments and result, computed a chunk of tokens at a
+    time (the module's docstring derives it)."""
+    B, T, H, D = r.shape
+    out_dtype, dtype = r.dtype, compute_dtype(r.dtype)
+    r, w, k, v, a, b = (t.to(dtype).transpose(1, 2) for t in (r, w, k, v, a, b))  # [B, H, T, D]
+    state = r.new_zeros(B, H, D, v.shape[-1])  # [B, H, D_k, D_v]
+    outputs = []
+    for first in range(0, T, chunk_tokens):
+        rc, wc, kc, vc, ac, bc = (t[:, :, first : first + chunk_tokens] for t in (r, w, k, v, a, b))
+        n = rc.shape[2]
+        through = wc.cumsum(2)  # log Λ_t
+        reads = ac * (through - wc).exp()  # Λ_{t-1} a_t: x_t reads the state before decaying
+        queries = rc * through.exp()  # Λ_t r_t
+        b_back, k_back = bc * (-through).exp(), kc * (-through).exp()  # b_i / Λ_i, k_i / Λ_i
+        earlier = torch.ones(n, n, dtype=torch.bool, device=r.device).tril(-1)  # i < t
+        system = torch.eye(n, dtype=dtype, device=r.device) - (
+            reads @ b_back.transpose(-1, -2)).masked_fill(~earlier, 0)
+        written = reads @ state + (reads @ k_back.transpose(-1, -2)).masked_fill(~earlier, 0) @ vc
+        x = torch.linalg.solve_triangular(system, written, upper=False, unitriangular=True)
+        outputs.append(scale * (queries @ state
+                                + (queries @ b_back.transpose(-1, -2)).tril() @ x
+                                + (queries @ k_back.transpose(-1, -2)).tril() @ vc))
+        to_end = (through[:, :, -1:] - through).exp()  # Λ_C / Λ_i
+        state = (through[:, :, -1, :, None].exp() * state
+                 + (bc * to_end).transpose(-1, -2) @ x + (kc * to_end).transpose(-1, -2) @ vc)
     return torch.cat(outputs, dim=2).transpose(1, 2).to(out_dtype)

@@ -27,7 +27,8 @@ its own convolution (flip-flop asks for that: a bit is stored only after a write
 On CUDA (backend "auto" or "fla") the recurrences run through fla-core's chunked operators
 (``pip install -e ".[fla]"``), in bfloat16; elsewhere, and with backend "torch" on CUDA too,
 through ``pathbench.kernels.delta_rule``: the delta rule a chunk of steps at a time
-(``delta_rule_chunked``), RWKV-7 token by token, both tested against the plain recurrences.
+(``delta_rule_chunked``) and RWKV-7 a chunk of tokens at a time (``rwkv7_chunked``), both
+tested against the plain recurrences.
 One exception: fla-core refuses the gated delta rule's backward on Hopper GPUs under Triton
 3.4 to 3.7.0, which miscompile one of its kernels (fla-core issue #640), so there "auto" takes
 the torch form for gated_deltanet and "fla" is refused before training.
@@ -48,7 +49,7 @@ from torch import nn
 
 from pathbench import UserError
 from pathbench.kernels import compute_dtype
-from pathbench.kernels.delta_rule import delta_rule_chunked, rwkv7_recurrence
+from pathbench.kernels.delta_rule import delta_rule_chunked, rwkv7_chunked
 from pathbench.models.attention import ATTENTIONS, Attention, CausalDepthwiseConv
 
 FLA_INSTALL = 'pip install -e ".[fla]"'
@@ -218,10 +219,10 @@ class RWKV7Mixer(RecurrentMixer):
         args = (r, w, write, v.to(dtype), -kappa, write)
         if self.implementation(q) == "fla":
             return outside_compile(_fla_rwkv7)(*args, scale=scale).to(v.dtype)
-        # Compiled, the loop over tokens would be unrolled, and compiling it takes time in
+        # Compiled, the loop over chunks would be unrolled, and compiling it takes time in
         # proportion to the sequence length; run eagerly, its kernels still join the step's
         # CUDA graph.
-        return outside_compile(rwkv7_recurrence)(*args, scale=scale).to(v.dtype)
+        return outside_compile(rwkv7_chunked)(*args, scale=scale).to(v.dtype)
 
 
 # fla-core's operators run outside compiled graphs, on contiguous bfloat16 copies: inside a
