@@ -44,6 +44,11 @@ if [ "$mode" = start ]; then
   sleep 5
 fi
 
+if [ ! -d $live ]; then
+  echo "no $name sweep on this machine: start it again, RUNS naming the records so far" >&2
+  exit 3
+fi
+
 # follow the sweep until it ends or this call's time is up
 while pgrep -f "pathbench.runners.cli sweep --file $name" >/dev/null; do
   [ $(( $(date +%s) - begin )) -lt $(( budget - 25 )) ] || break
