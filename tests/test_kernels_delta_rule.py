@@ -130,13 +130,30 @@ def test_the_chunked_delta_rule_is_the_recurrence(steps, gated, chunk_steps):
         lambda *x: delta_rule_recurrence(*x, scale=0.7), inputs)
 
 
-def rwkv7_inputs(seed: int):
+def rwkv7_inputs(seed: int, shape=(B, T, H, D), floor: float = 1.0):
+    """r, w, k, v, a, b as RWKV-7's mixer makes them, the log decays w in (-floor, 0)."""
     g = torch.Generator().manual_seed(seed)
-    r, k, v = (fresh(B, T, H, D, generator=g) for _ in range(3))
-    w = -torch.rand(B, T, H, D, generator=g, dtype=torch.float64)  # log decay in (-1, 0)
-    kappa = fresh(B, T, H, D, generator=g, unit=True)
-    rate = torch.rand(B, T, H, D, generator=g, dtype=torch.float64)
+    r, k, v = (fresh(*shape, generator=g) for _ in range(3))
+    w = -floor * torch.rand(*shape, generator=g, dtype=torch.float64)
+    kappa = fresh(*shape, generator=g, unit=True)
+    rate = torch.rand(*shape, generator=g, dtype=torch.float64)
     return r, w, k, v, -kappa, kappa * rate
+
+
+def assert_float32_form_is_the_reference(fast, device, reference, inputs):
+    """``fast`` in float32 on ``device`` against ``reference`` in float64 on the CPU, forward
+    and gradients, each within 1e-4 of the reference's largest entry."""
+    upstream = fresh(*inputs[0].shape, generator=torch.Generator().manual_seed(99))
+    results = []
+    for fn, where, dtype in ((fast, device, torch.float32), (reference, "cpu", torch.float64)):
+        leaves = [None if x is None else x.to(where, dtype).requires_grad_() for x in inputs]
+        out = fn(*leaves)
+        used = [x for x in leaves if x is not None]
+        grads = torch.autograd.grad((out * upstream.to(where, dtype)).sum(), used)
+        results.append([t.detach().cpu().double() for t in (out, *grads)])
+    for got, want in zip(*results):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * want.abs().max().item())
 
 
 def test_rwkv7_recurrence_is_its_definition():
@@ -157,22 +174,10 @@ def test_the_chunked_rwkv7_is_the_recurrence(chunk_tokens):
 def test_the_chunked_rwkv7_holds_in_float32_down_to_its_floor_of_log_decays():
     """Chunks of 16 tokens whose log decays reach -5 a token (the factored decays then span
     e^-80 to e^80), in float32, against the recurrence in float64: forward and gradients."""
-    g = torch.Generator().manual_seed(torch.seed() % 2**31)
-    r, k, v = (fresh(2, 37, 2, 8, generator=g) for _ in range(3))
-    w = -5 * torch.rand(2, 37, 2, 8, generator=g, dtype=torch.float64)
+    r, w, k, v, a, b = rwkv7_inputs(torch.seed() % 2**31, shape=(2, 37, 2, 8), floor=5.0)
     w[:, :16] = -5  # a whole chunk at the floor
-    kappa = fresh(2, 37, 2, 8, generator=g, unit=True)
-    rate = torch.rand(2, 37, 2, 8, generator=g, dtype=torch.float64)
-    inputs, upstream = (r, w, k, v, -kappa, kappa * rate), fresh(2, 37, 2, 8, generator=g)
-    results = []
-    for fn, dtype in ((rwkv7_chunked, torch.float32), (rwkv7_recurrence, torch.float64)):
-        leaves = [x.to(dtype).requires_grad_() for x in inputs]
-        out = fn(*leaves, scale=0.7)
-        grads = torch.autograd.grad((out * upstream.to(dtype)).sum(), leaves)
-        results.append([t.detach().double() for t in (out, *grads)])
-    for got, want in zip(*results):
-        assert torch.isfinite(got).all()
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * want.abs().max().item())
+    assert_float32_form_is_the_reference(rwkv7_chunked, "cpu", rwkv7_recurrence,
+                                         (r, w, k, v, a, b))
 
 
 # fla-core's plain references, an independent oracle for the same definitions
@@ -222,8 +227,8 @@ requires_cuda_and_fla = pytest.mark.skipif(
 @pytest.mark.parametrize("name", ["deltanet", "gated_deltanet", "deltaproduct", "rwkv7"])
 def test_fla_operators_match_the_recurrences_forward_and_backward(name):
     """The mixer with backend fla (bfloat16) against the same weights on backend torch in
-    float64 (the chunked delta rule, itself tested against the recurrence above, or RWKV-7's
-    recurrence): outputs and every parameter's gradient, within bfloat16's tolerance."""
+    float64 (the chunked forms, themselves tested against the recurrences above): outputs and
+    every parameter's gradient, within bfloat16's tolerance."""
     pytest.importorskip("fla")
     from pathbench.models import ATTENTIONS, model_config, recurrent
 
@@ -267,17 +272,8 @@ def test_on_a_gpu_the_chunked_delta_rule_is_the_recurrence(steps, gated):
               fresh(2, T, steps, 4, 32, generator=g),
               2 * torch.rand(2, T, steps, 4, generator=g, dtype=torch.float64),
               F.logsigmoid(fresh(2, T, 4, generator=g)) if gated else None]
-    upstream = fresh(2, T, 4, 32, generator=g)
-    results = []
-    for fn, device, dtype in ((delta_rule_chunked, "cuda", torch.float32),
-                              (delta_rule_recurrence, "cpu", torch.float64)):
-        leaves = [None if x is None else x.to(device, dtype).requires_grad_() for x in inputs]
-        out = fn(*leaves)
-        used = [x for x in leaves if x is not None]
-        grads = torch.autograd.grad((out * upstream.to(device, dtype)).sum(), used)
-        results.append([t.detach().cpu().double() for t in (out, *grads)])
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * want.abs().max().item())
+    assert_float32_form_is_the_reference(delta_rule_chunked, "cuda", delta_rule_recurrence,
+                                         inputs)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU "
@@ -286,21 +282,8 @@ def test_on_a_gpu_the_chunked_rwkv7_is_the_recurrence():
     """backend torch's GPU path for rwkv7: the chunked form on CUDA in float32, at two chunks
     of 16 tokens and a part of a third, RWKV-7's range of log decays, against the recurrence
     in float64 on the CPU, forward and gradients."""
-    g = torch.Generator().manual_seed(torch.seed() % 2**31)
-    r, k, v = (fresh(2, 37, 4, 32, generator=g) for _ in range(3))
-    w = -math.exp(-0.5) * torch.rand(2, 37, 4, 32, generator=g, dtype=torch.float64)
-    kappa = fresh(2, 37, 4, 32, generator=g, unit=True)
-    rate = torch.rand(2, 37, 4, 32, generator=g, dtype=torch.float64)
-    inputs, upstream = (r, w, k, v, -kappa, kappa * rate), fresh(2, 37, 4, 32, generator=g)
-    results = []
-    for fn, device, dtype in ((rwkv7_chunked, "cuda", torch.float32),
-                              (rwkv7_recurrence, "cpu", torch.float64)):
-        leaves = [x.to(device, dtype).requires_grad_() for x in inputs]
-        out = fn(*leaves, scale=32**-0.5)
-        grads = torch.autograd.grad((out * upstream.to(device, dtype)).sum(), leaves)
-        results.append([t.detach().cpu().double() for t in (out, *grads)])
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * want.abs().max().item())
+    inputs = rwkv7_inputs(torch.seed() % 2**31, shape=(2, 37, 4, 32), floor=math.exp(-0.5))
+    assert_float32_form_is_the_reference(rwkv7_chunked, "cuda", rwkv7_recurrence, inputs)
 
 
 def test_the_torch_forms_compute_in_float32_whatever_autocast_says():
