@@ -177,10 +177,10 @@ def rwkv7_chunked(r, w, k, v, a, b, scale=1.0, chunk_tokens=RWKV7_CHUNK_TOKENS):
         reads = ac * (through - wc).exp()  # Λ_{t-1} a_t: x_t reads the state before decaying
         queries = rc * through.exp()  # Λ_t r_t
         b_back, k_back = bc * (-through).exp(), kc * (-through).exp()  # b_i / Λ_i, k_i / Λ_i
-        earlier = torch.ones(n, n, dtype=torch.bool, device=r.device).tril(-1)  # i < t
+        # x_t reads the writes of earlier tokens i < t: strictly lower-triangular products
         system = torch.eye(n, dtype=dtype, device=r.device) - (
-            reads @ b_back.transpose(-1, -2)).masked_fill(~earlier, 0)
-        written = reads @ state + (reads @ k_back.transpose(-1, -2)).masked_fill(~earlier, 0) @ vc
+            reads @ b_back.transpose(-1, -2)).tril(-1)
+        written = reads @ state + (reads @ k_back.transpose(-1, -2)).tril(-1) @ vc
         x = torch.linalg.solve_triangular(system, written, upper=False, unitriangular=True)
         outputs.append(scale * (queries @ state
                                 + (queries @ b_back.transpose(-1, -2)).tril() @ x
