@@ -498,6 +498,32 @@ def test_every_legend_entry_lies_inside_the_figure():
         assert 0 <= box.x0 and box.x1 <= figure.bbox.width, text.get_text()
 
 
+def test_each_family_of_a_legend_in_several_rows_starts_at_the_top_of_a_column(tmp_path):
+    """Two attention variants and three recurrent mixers on flip-flop's two panels: a legend
+    of two rows, where the second heading fell at the foot of a column and headed nothing."""
+    models = ("rope", "path", "deltanet", "gated_deltanet", "deltaproduct")
+    for model in models:
+        _write_metrics(tmp_path, "flipflop", model, 1, 0, 0.99,
+                       {split: {"accuracy": 0.99, "error": 1.0}
+                        for split in ("test", "test_1024", "test_4096")},
+                       sets=["task.eval_lengths=1024,4096"])
+    figure, _ = render(load_frame(tmp_path))
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    [legend] = figure.legends
+    places = {text.get_text(): text.get_window_extent(renderer)
+              for text in legend.get_texts() if text.get_text()}
+    top = max(box.y0 for box in places.values())
+    assert min(box.y0 for box in places.values()) < top  # more than one row
+    for heading, members in (("attention:", models[:2]), ("recurrent:", models[2:])):
+        assert places[heading].y0 == top
+        assert all(places[model].x0 >= places[heading].x0 for model in members)
+    assert places["recurrent:"].x0 > max(places[model].x0 for model in models[:2])
+
+
 def test_lengths_that_span_a_factor_of_four_get_a_log_axis(tmp_path):
     for length in (8, 16, 32):
         for model in ("path", "rope"):

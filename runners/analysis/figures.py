@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from pathbench.files import write_atomic, write_text_atomic
 from pathbench.runners.analysis.cells import aggregate, varying_config_columns
@@ -543,36 +544,44 @@ def render(frame: pd.DataFrame) -> tuple[Figure, str]:
     for ax in axes[: len(panels)]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label, handle)
-    legend = grouped_by_family(legend)
-    # as many entries to a row as the figure's width holds, measured: long labels take fewer
+    groups = grouped_by_family(legend)
+    # as few rows as the figure's width holds, measured: long labels take more
     renderer = FigureCanvasAgg(figure).get_renderer()
-    for ncols in range(len(legend), 0, -1):
-        box = figure.legend(legend.values(), legend.keys(), loc="outside lower center",
-                            ncols=ncols, frameon=False, fontsize=8)
-        if ncols == 1 or box.get_window_extent(renderer).width <= 0.98 * figure.bbox.width:
+    for rows in range(1, len(legend) + 1):
+        entries = in_columns(groups, rows)
+        box = figure.legend([handle for _, handle in entries], [label for label, _ in entries],
+                            loc="outside lower center", ncols=len(entries) // rows,
+                            frameon=False, fontsize=8)
+        if rows == len(legend) or \
+                box.get_window_extent(renderer).width <= 0.98 * figure.bbox.width:
             break
         box.remove()
     return figure, "\n\n".join(texts)
 
 
-def grouped_by_family(legend: dict) -> dict:
-    """Legend entries (label -> handle) with the models of each family together, each family
-    headed by its name, where models of more than one family are drawn; then the rest
-    (baselines, line styles) as they came."""
-    from matplotlib.lines import Line2D
-
-    families: dict[str, dict] = {}
-    rest = {}
+def grouped_by_family(legend: dict) -> list[list[tuple]]:
+    """Legend entries (label -> handle) as groups of (label, handle): where models of more than
+    one family are drawn, one group per family, headed by its name; then the rest (baselines,
+    line styles) as they came."""
+    families: dict[str, list] = {}
+    rest = []
     for label, handle in legend.items():
         family = model_family(label.split(",")[0])
-        (families.setdefault(family, {}) if family else rest)[label] = handle
+        (families.setdefault(family, []) if family else rest).append((label, handle))
     if len(families) < 2:
-        return legend
-    grouped = {}
-    for family, entries in families.items():
-        grouped[f"{family}:"] = Line2D([], [], ls="none")  # a heading: no line, no marker
-        grouped.update(entries)
-    return {**grouped, **rest}
+        return [list(legend.items())]
+    heading = Line2D([], [], ls="none")  # no line, no marker
+    groups = [[(f"{family}:", heading), *entries] for family, entries in families.items()]
+    return [*groups, rest] if rest else groups
+
+
+def in_columns(groups: list[list[tuple]], rows: int) -> list[tuple]:
+    """The groups' entries in the order a legend of ``rows`` rows fills its columns (top to
+    bottom, then left to right), each group padded with blank entries to whole columns, so
+    that every group, and its heading, starts at the top of a column."""
+    blank = ("", Line2D([], [], ls="none"))
+    return [entry for group in groups
+            for entry in [*group, *[blank] * (-len(group) % rows)]]
 
 
 def draw(frame: pd.DataFrame, output: Path) -> tuple[list[Path], str]:
