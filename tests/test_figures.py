@@ -371,25 +371,26 @@ def test_drift_a_committed_records_table_still_gives_its_figure(tmp_path, capsys
             cell if cell.isdigit() else None for cell in cells]
 
 
-def test_drift_results_paper_is_still_what_its_records_give(tmp_path):
-    """A snapshot, against drift: results/paper/regenerate.sh, run into an empty folder, writes
-    the committed runs.csv (from runs.tar.xz) and every committed table (from runs.csv) byte
-    for byte, and its figures."""
+@pytest.mark.parametrize("experiment", ["paper", "families"])
+def test_drift_results_are_still_what_their_records_give(tmp_path, experiment):
+    """A snapshot, against drift: results/EXPERIMENT/regenerate.sh, run into an empty folder,
+    writes the committed runs.csv (from runs.tar.xz) and every committed table (from runs.csv)
+    byte for byte, and its figures."""
     import os
     import subprocess
     import sys
 
-    paper = Path(__file__).parents[1] / "results" / "paper"
+    folder = Path(__file__).parents[1] / "results" / experiment
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    subprocess.run(["bash", str(paper / "regenerate.sh"), str(tmp_path)], env=env, check=True)
-    committed = sorted(p.name for p in paper.iterdir() if p.suffix in (".csv", ".md", ".png")
+    subprocess.run(["bash", str(folder / "regenerate.sh"), str(tmp_path)], env=env, check=True)
+    committed = sorted(p.name for p in folder.iterdir() if p.suffix in (".csv", ".md", ".png")
                        and p.name != "README.md")
     assert sorted(p.name for p in tmp_path.iterdir()) == committed
     for name in committed:
         if name.endswith(".png"):  # PNG bytes vary with matplotlib's version
             assert (tmp_path / name).stat().st_size > 0
         else:
-            assert (tmp_path / name).read_text() == (paper / name).read_text(), name
+            assert (tmp_path / name).read_text() == (folder / name).read_text(), name
 
 
 def test_a_model_has_its_colour_by_name_and_no_two_models_share_one():
