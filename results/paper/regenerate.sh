@@ -2,15 +2,9 @@
 # Every table and figure of results/paper/ from its archive of run records, with pathbench's
 # own commands only:
 #   bash results/paper/regenerate.sh [OUT]      # OUT: results/paper itself unless given
-# runs.csv is the records table of runs.tar.xz (a row per run, every column); the tables and
+# runs.csv is the records table of runs.tar.xz (results/records.sh writes it); the tables and
 # figures are drawn from runs.csv alone. `plot` also writes a PDF of each figure, not kept.
-set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-out=$(mkdir -p "${1:-$here}" && cd "${1:-$here}" && pwd)
-cd "$here"  # run directories are named runs.tar.xz/paper/... in runs.csv
-pathbench results runs.tar.xz --format records > "$out/runs.csv.tmp"
-mv "$out/runs.csv.tmp" "$out/runs.csv"
-cd "$out"
+source "$(dirname "$0")/../records.sh"
 pathbench results runs.csv --task flipflop --metric error --format markdown > flipflop_error.md
 pathbench plot runs.csv --task flipflop --layers 1 -o flipflop > /dev/null  # Table 1: one layer
 for task in mqrar a4xz5 z60; do
