@@ -471,6 +471,17 @@ def test_word_problems_show_the_last_position_and_the_honest_floor(tmp_path, cap
     assert "copy first" not in last  # the floor of accuracy, not of the last position
 
 
+def legend_text_boxes(figure) -> list[tuple]:
+    """(label, box on the canvas) of each entry of the figure's one legend, once laid out."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()  # lays the figure out
+    renderer = canvas.get_renderer()
+    [legend] = figure.legends
+    return [(text.get_text(), text.get_window_extent(renderer)) for text in legend.get_texts()]
+
+
 def test_every_legend_entry_lies_inside_the_figure():
     """Six models, the baselines and the line styles' notes make a legend wider than a row of
     three panels: it takes more rows rather than running off both edges."""
@@ -486,17 +497,11 @@ def test_every_legend_entry_lies_inside_the_figure():
                            sets=[f"task.length={length}", f"task.eval_lengths={2 * length}"],
                            baselines={"chance": 1 / 60})
         figure, _ = render(load_frame(out))
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = FigureCanvasAgg(figure)
-    canvas.draw()  # lays the figure out
-    renderer = canvas.get_renderer()
-    [legend] = figure.legends
-    labels = [text.get_text() for text in legend.get_texts()]
+    entries = legend_text_boxes(figure)
+    labels = [label for label, _ in entries]
     assert set(models) <= set(labels) and len(labels) >= 10
-    for text in legend.get_texts():
-        box = text.get_window_extent(renderer)
-        assert 0 <= box.x0 and box.x1 <= figure.bbox.width, text.get_text()
+    for label, box in entries:
+        assert 0 <= box.x0 and box.x1 <= figure.bbox.width, label
 
 
 def test_each_family_of_a_legend_in_several_rows_starts_at_the_top_of_a_column(tmp_path):
@@ -509,14 +514,7 @@ def test_each_family_of_a_legend_in_several_rows_starts_at_the_top_of_a_column(t
                         for split in ("test", "test_1024", "test_4096")},
                        sets=["task.eval_lengths=1024,4096"])
     figure, _ = render(load_frame(tmp_path))
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = FigureCanvasAgg(figure)
-    canvas.draw()
-    renderer = canvas.get_renderer()
-    [legend] = figure.legends
-    places = {text.get_text(): text.get_window_extent(renderer)
-              for text in legend.get_texts() if text.get_text()}
+    places = {label: box for label, box in legend_text_boxes(figure) if label}
     top = max(box.y0 for box in places.values())
     assert min(box.y0 for box in places.values()) < top  # more than one row
     for heading, members in (("attention:", models[:2]), ("recurrent:", models[2:])):
