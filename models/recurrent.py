@@ -225,8 +225,8 @@ class RWKV7Mixer(RecurrentMixer):
         return outside_compile(rwkv7_chunked)(*args, scale=scale).to(v.dtype)
 
 
-# fla-core's operators run outside compiled graphs, on contiguous bfloat16 copies: inside a
-# compiled graph their kernels met buffers they could not address (a misaligned-address fault).
+# fla-core's operators run eagerly, outside compiled graphs (fla-core marks its own delta-rule
+# operators so), on contiguous bfloat16 copies; their kernels still join the step's CUDA graph.
 
 
 def outside_compile(fn):

@@ -224,11 +224,13 @@ requires_cuda_and_fla = pytest.mark.skipif(
 
 
 @requires_cuda_and_fla
+@pytest.mark.parametrize("length", [20, 128])
 @pytest.mark.parametrize("name", ["deltanet", "gated_deltanet", "deltaproduct", "rwkv7"])
-def test_fla_operators_match_the_recurrences_forward_and_backward(name):
+def test_fla_operators_match_the_recurrences_forward_and_backward(name, length):
     """The mixer with backend fla (bfloat16) against the same weights on backend torch in
     float64 (the chunked forms, themselves tested against the recurrences above): outputs and
-    every parameter's gradient, within bfloat16's tolerance."""
+    every parameter's gradient, within bfloat16's tolerance; at a length that ends inside one
+    of fla-core's chunks (64 tokens for the delta rule, 16 for RWKV-7), and at whole chunks."""
     pytest.importorskip("fla")
     from pathbench.models import ATTENTIONS, model_config, recurrent
 
@@ -243,8 +245,8 @@ def test_fla_operators_match_the_recurrences_forward_and_backward(name):
     slow = ATTENTIONS.get(name)(model_config({**vars(config), "backend": "torch"})).cuda()
     slow.load_state_dict(fast.state_dict())
     slow.double()
-    x = torch.randn(2, 128, 64, device="cuda")
-    upstream = torch.randn(2, 128, 64, device="cuda")
+    x = torch.randn(2, length, 64, device="cuda")
+    upstream = torch.randn(2, length, 64, device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out = fast(x)
     (out.float() * upstream).sum().backward()

@@ -23,6 +23,21 @@ from torch import nn
 warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout")
 
 
+# Every parameter starts on a 16-byte boundary, as do the members' rows. Compiled kernels may load
+# a parameter in 16-byte vectors; one compiled for a block whose parameters were aligned is
+# reused for the next block, whose parameters might not be (a misaligned-address fault).
+ALIGN_BYTES = 16
+
+
+def aligned_starts(widths: list[int], align: int) -> list[int]:
+    """Where each of ``widths`` columns begins when every start is a multiple of ``align``,
+    and last, the total width (a multiple of ``align`` too)."""
+    starts = [0]
+    for width in widths:
+        starts.append(starts[-1] + -(-width // align) * align)
+    return starts
+
+
 class PackedAdamW:
     def __init__(self, model: nn.Module, lrs: list[float], weight_decay: float,
                  grad_clip: float, member_axis: bool, betas=(0.9, 0.98), eps: float = 1e-8):
@@ -33,19 +48,20 @@ class PackedAdamW:
         params = [p for p in model.parameters() if p.requires_grad]
         first = params[0]
         widths = [p.numel() // members for p in params]
+        starts = aligned_starts(widths, ALIGN_BYTES // first.element_size())
         self.members, self.grad_clip, self.betas, self.eps = members, grad_clip, betas, eps
-        self.params = torch.empty(members, sum(widths), dtype=first.dtype, device=first.device)
+        # the columns between parameters stay zero, as do their gradients and moments
+        self.params = torch.zeros(members, starts[-1], dtype=first.dtype, device=first.device)
         self.grads = torch.zeros_like(self.params)
         self.exp_avg = torch.zeros_like(self.params)
         self.exp_avg_sq = torch.zeros_like(self.params)
         # Decay on matrices only (a packed matrix has the members' axis in front of its two):
         # decaying gains and biases toward zero only hurts.
-        self.decay = torch.zeros(1, sum(widths), dtype=first.dtype, device=first.device)
+        self.decay = torch.zeros(1, starts[-1], dtype=first.dtype, device=first.device)
         self.peak_lr = torch.tensor(lrs, dtype=first.dtype).view(members, 1).to(first.device)
         self.lr = torch.zeros_like(self.peak_lr)
         self.step_count = torch.zeros((), dtype=first.dtype, device=first.device)
-        start = 0
-        for p, width in zip(params, widths):
+        for p, width, start in zip(params, widths, starts):
             columns = slice(start, start + width)
             self.params[:, columns] = p.detach().reshape(members, width)
             # The parameter becomes a view of its columns, and its gradient too: backward adds
@@ -54,7 +70,6 @@ class PackedAdamW:
             p.grad = self.grads[:, columns].view(p.shape)
             if p.dim() - member_axis >= 2:
                 self.decay[:, columns] = weight_decay
-            start += width
 
     # Changes device memory with a kernel, never with a copy from the host, which would wait
     # for every queued step to finish.
