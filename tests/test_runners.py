@@ -983,7 +983,7 @@ def test_runs_end_when_val_stops_improving_and_say_whether_the_budget_cut_them(
                     reason="compiled steps and CUDA graphs need a CUDA GPU (run on the GPU machine)")
 @pytest.mark.parametrize("attention, backend", [
     *((name, "auto") for name in ("nope", "rope", "sba", "fox", "path", "path_fox", "deltanet",
-                                  "rwkv7")),
+                                  "deltaproduct", "rwkv7")),
     # the recurrent mixers in pathbench's own torch code, without fla-core
     *((name, "torch") for name in ("deltanet", "gated_deltanet", "deltaproduct", "rwkv7"))])
 def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attention, backend):
