@@ -1000,7 +1000,7 @@ def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attenti
     inputs = torch.from_numpy(data.inputs).cuda().view(12, 64, -1)  # 12 steps of two members
     targets = torch.from_numpy(data.targets).cuda().view(12, 64, -1)
     device = torch.device("cuda")
-    runs = []
+    peak_lrs, runs = [3e-3, 1e-3], []
     for eager in (False, True):
         models = []
         for seed in (0, 1):
@@ -1009,7 +1009,7 @@ def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attenti
                 "attention": attention, "layers": 2, "heads": 2, "d_model": 64,
                 "vocab_size": len(task.vocab), "backend": backend})))
         model = pack_models(models).cuda()
-        step = TrainStep(model, PackedAdamW(model, [3e-3, 1e-3], weight_decay=0.1,
+        step = TrainStep(model, PackedAdamW(model, peak_lrs, weight_decay=0.1,
                                             grad_clip=1.0, member_axis=True),
                          inputs, targets, lambda n: (n + 1) / len(inputs), device)
         if eager:  # the plain computation: not compiled, no graph
@@ -1034,7 +1034,13 @@ def test_compiled_graph_replayed_training_matches_eager_training_on_cuda(attenti
     # of each gradient, and a gradient near zero has its sign set by that rounding.
     torch.testing.assert_close(fast_losses[0], eager_losses[0], rtol=2e-3, atol=0)
     torch.testing.assert_close(fast_losses, eager_losses, rtol=1e-2, atol=0)
-    torch.testing.assert_close(fast_params, eager_params, rtol=1e-2, atol=1e-3)
+    # A parameter whose gradient stays near zero can take the other sign's update at every
+    # step, so a few may drift apart by up to twice the learning rate a step; a wrong gradient
+    # or a missed update moves whole tensors.
+    apart = ~torch.isclose(fast_params, eager_params, rtol=1e-2, atol=1e-3)
+    assert apart.sum() <= len(eager_params) // 10_000, (apart.sum(), apart.nonzero()[:8])
+    torch.testing.assert_close(fast_params, eager_params, rtol=0,
+                               atol=2 * len(inputs) * max(peak_lrs))
     assert not torch.equal(eager_losses[0], eager_losses[-1])  # it trained
 
 
